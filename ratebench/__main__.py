@@ -1,0 +1,3 @@
+from ratebench.cli import app
+
+app()

@@ -1,0 +1,247 @@
+"""Engine event files (written by the patched vLLM) and client request records.
+
+Engine event file format ("RBEV", version 1), written by
+``vllm/v1/core/sched/output_rate_events.py`` in the patched engine when the
+environment variable ``VLLM_OUTPUT_RATE_EVENTS_FILE`` names a file:
+
+* File header: the 8 bytes ``b"RBEVFILE"``, a little-endian ``u32`` version (1),
+  a ``u32`` length L, then L bytes of UTF-8 JSON with the writer's metadata
+  (``pid``, ``vllm_version``, ``started_monotonic_ns``, ``started_unix_s``,
+  ``default_tps``, ``user_tps`` (object), ``burst_ns``, ``async_scheduling``).
+* Then blocks, one per flush: the 8 bytes ``b"RBEVBLK1"``, ``u32`` S (bytes of
+  new strings), ``u32`` R (records), S bytes of UTF-8 JSON array holding the
+  strings first used in this block (they extend one string table, indexed from
+  0 in order of first use), then R records of 24 bytes each, numpy dtype
+  :data:`RECORD_DTYPE`::
+
+      t_ns   int64   time.monotonic_ns() when the event happened
+      kind   uint8   1 dispatch, 2 emit, 3 finish
+      reason uint8   finish only: see FINISH_REASONS; else 0
+      flags  uint16  reserved, 0
+      req    uint32  string-table index of the engine request id
+      user   uint32  string-table index of the rate-limit user
+      count  uint32  dispatch: 1; emit: new output tokens; finish: total output tokens
+
+A block is written whole (header, strings, records) with one ``write``; a
+reader stops at a truncated last block and says so (``truncated``).
+
+``time.monotonic_ns()`` is one clock for every process on a host, so engine
+and client timestamps compare directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FILE_MAGIC = b"RBEVFILE"
+BLOCK_MAGIC = b"RBEVBLK1"
+FORMAT_VERSION = 1
+ENV_VAR = "VLLM_OUTPUT_RATE_EVENTS_FILE"
+
+KIND_DISPATCH = 1
+KIND_EMIT = 2
+KIND_FINISH = 3
+KIND_NAMES = {KIND_DISPATCH: "dispatch", KIND_EMIT: "emit", KIND_FINISH: "finish"}
+
+# Finish reasons, as the patched engine encodes vLLM's RequestStatus.
+FINISH_REASONS = {0: "unknown", 1: "stop", 2: "length", 3: "abort", 4: "ignored", 5: "error"}
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("t_ns", "<i8"),
+        ("kind", "u1"),
+        ("reason", "u1"),
+        ("flags", "<u2"),
+        ("req", "<u4"),
+        ("user", "<u4"),
+        ("count", "<u4"),
+    ]
+)
+assert RECORD_DTYPE.itemsize == 24
+
+_HEADER = struct.Struct("<8sII")  # magic, version or string bytes, length or records
+
+
+class EventFileError(ValueError):
+    """An engine event file that cannot be read: says which file and why."""
+
+
+@dataclass
+class EngineEvents:
+    """All events of one engine event file, as parallel numpy arrays."""
+
+    path: Path
+    meta: dict
+    records: np.ndarray  # RECORD_DTYPE, in file order (time order per writer)
+    strings: list[str]
+    truncated: bool = False
+    _index: dict[str, int] | None = field(default=None, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def string_index(self, value: str) -> int | None:
+        if self._index is None:
+            self._index = {s: i for i, s in enumerate(self.strings)}
+        return self._index.get(value)
+
+    def of_kind(self, kind: int) -> np.ndarray:
+        return self.records[self.records["kind"] == kind]
+
+
+def read_engine_events(path: str | Path) -> EngineEvents:
+    """Load an engine event file whole; fast for millions of events."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EventFileError(f"{path}: cannot read engine event file ({exc.strerror})") from exc
+    if len(data) < _HEADER.size or data[:8] != FILE_MAGIC:
+        raise EventFileError(f"{path}: not a ratebench engine event file (bad magic)")
+    _, version, meta_len = _HEADER.unpack_from(data, 0)
+    if version != FORMAT_VERSION:
+        raise EventFileError(f"{path}: format version {version}, this ratebench reads {FORMAT_VERSION}")
+    pos = _HEADER.size
+    try:
+        meta = json.loads(data[pos : pos + meta_len])
+    except ValueError as exc:
+        raise EventFileError(f"{path}: header metadata is not valid JSON ({exc})") from exc
+    pos += meta_len
+    strings: list[str] = []
+    chunks: list[np.ndarray] = []
+    truncated = False
+    mv = memoryview(data)
+    while pos < len(data):
+        if len(data) - pos < _HEADER.size:
+            truncated = True
+            break
+        magic, n_str, n_rec = _HEADER.unpack_from(data, pos)
+        if magic != BLOCK_MAGIC:
+            raise EventFileError(f"{path}: corrupt block header at byte {pos}")
+        end = pos + _HEADER.size + n_str + n_rec * RECORD_DTYPE.itemsize
+        if end > len(data):
+            truncated = True
+            break
+        spos = pos + _HEADER.size
+        if n_str:
+            strings.extend(json.loads(data[spos : spos + n_str]))
+        if n_rec:
+            chunks.append(np.frombuffer(mv[spos + n_str : end], dtype=RECORD_DTYPE))
+        pos = end
+    records = np.concatenate(chunks) if chunks else np.empty(0, dtype=RECORD_DTYPE)
+    return EngineEvents(path=path, meta=meta, records=records, strings=strings, truncated=truncated)
+
+
+class EventFileWriter:
+    """A writer of the same format, for tests and synthetic traces.
+
+    The engine has its own writer inside the patch (it cannot import ratebench);
+    tests check that both produce files this module reads identically.
+    """
+
+    def __init__(self, path: str | Path, meta: dict | None = None) -> None:
+        self._f = open(path, "wb")
+        meta_bytes = json.dumps(meta or {}).encode()
+        self._f.write(_HEADER.pack(FILE_MAGIC, FORMAT_VERSION, len(meta_bytes)) + meta_bytes)
+        self._ids: dict[str, int] = {}
+        self._new: list[str] = []
+
+    def intern(self, value: str) -> int:
+        idx = self._ids.get(value)
+        if idx is None:
+            idx = self._ids[value] = len(self._ids)
+            self._new.append(value)
+        return idx
+
+    def write_block(self, records: np.ndarray) -> None:
+        """Write records (RECORD_DTYPE; req/user already interned) as one block."""
+        strings = json.dumps(self._new).encode() if self._new else b""
+        self._new = []
+        body = np.ascontiguousarray(records, dtype=RECORD_DTYPE).tobytes()
+        self._f.write(_HEADER.pack(BLOCK_MAGIC, len(strings), len(records)) + strings + body)
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "EventFileWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# Client request ids: the driver sends ``X-Request-Id: rb-<run>-<n>``; vLLM turns
+# it into engine ids like ``cmpl-rb-<run>-<n>-0-1a2b3c4d`` or
+# ``chatcmpl-rb-<run>-<n>-1a2b3c4d``. This finds the client id inside.
+CLIENT_ID_RE = re.compile(r"(rb-[0-9a-f]+-[0-9]+)")
+
+
+def client_id_of(engine_request_id: str) -> str | None:
+    """The driver's request id embedded in an engine request id, if any."""
+    m = CLIENT_ID_RE.search(engine_request_id)
+    return m.group(1) if m else None
+
+
+@dataclass
+class ClientRecord:
+    """What the client saw of one streamed request (one line of ``requests.jsonl``)."""
+
+    client_id: str  # the X-Request-Id sent: rb-<run>-<n>
+    scenario: str
+    phase: str  # a part of the scenario, e.g. "1-stream", "4-streams", "baseline"
+    engine: str  # engine name: the run folder's engines/<engine>/
+    user: str | None  # vllm_xargs.output_rate_user sent; None when the field was absent
+    api: str  # "completions" or "chat"
+    stream_index: int
+    max_tokens: int
+    ignore_eos: bool
+    prompt_tokens: int | None = None
+    scheduled_ns: int = 0  # when the driver meant to send it
+    sent_ns: int | None = None
+    first_token_ns: int | None = None
+    done_ns: int | None = None
+    chunk_ns: list[int] = field(default_factory=list)  # chunks that carried tokens: arrival time
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
+    completion_tokens: int | None = None  # final usage.completion_tokens (None: no final usage)
+    finish_reason: str | None = None
+    error: str | None = None
+    http_status: int | None = None
+    cancelled: bool = False
+    cancel_ns: int | None = None
+    openai_user: str | None = None  # the OpenAI "user" field, if the scenario sent one
+
+    @property
+    def streamed_tokens(self) -> int:
+        return int(sum(self.chunk_tokens))
+
+
+def write_client_records(path: str | Path, records: list[ClientRecord]) -> None:
+    """Write records as JSONL, atomically."""
+    from ratebench._io import atomic_write_text
+    from dataclasses import asdict
+
+    atomic_write_text(path, "".join(json.dumps(asdict(r)) + "\n" for r in records))
+
+
+def read_client_records(path: str | Path) -> list[ClientRecord]:
+    """Read ``requests.jsonl``; errors name the file and line."""
+    path = Path(path)
+    out: list[ClientRecord] = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise EventFileError(f"{path}: cannot read client records ({exc.strerror})") from exc
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(ClientRecord(**json.loads(line)))
+        except (ValueError, TypeError) as exc:
+            raise EventFileError(f"{path}:{lineno}: not a client record ({exc})") from exc
+    return out
