@@ -1,0 +1,499 @@
+"""Profiles: one TOML file per machine/model set-up; schema, loading, validation.
+
+A profile names the model, the device, the engine flags, the users and their
+limits, the scheduling modes and the scenarios. The built-in profiles live in
+``ratebench/profiles/*.toml`` (shipped as package data; ``profiles/`` at the
+repository root points there). ``--profile`` takes a built-in name or a path.
+
+Schema (every key is checked; unknown keys are errors)::
+
+    [profile]
+    name = "cpu-tiny"                 # optional; defaults to the file's stem
+    description = "one line"          # shown by `ratebench profiles`
+    device = "cpu"                    # "cpu" or "cuda"
+    scheduling = ["sync", "async"]    # engines to build: sync and/or async scheduling
+    startup_timeout_s = 300           # engine readiness timeout
+    shutdown_grace_s = 20             # SIGINT -> SIGKILL grace period
+
+    [model]
+    source = "tiny"                   # "tiny": the generated tiny Qwen3; "path": name below
+    name = "Qwen/Qwen3-8B"            # source = "path": local folder or Hugging Face id
+    served_name = "tiny-qwen3"        # --served-model-name
+    max_model_len = 2048              # --max-model-len (optional)
+    dtype = "auto"                    # --dtype (optional)
+
+    [engine]
+    max_num_seqs = 16                 # --max-num-seqs: resident slots
+    max_num_active_seqs = 4           # --max-num-active-seqs: per-step batch admission
+    max_num_batched_tokens = 256      # --max-num-batched-tokens (optional)
+    enable_chunked_prefill = true     # --[no-]enable-chunked-prefill (optional)
+    enable_prefix_caching = true      # --[no-]enable-prefix-caching (optional)
+    extra_args = []                   # more `vllm serve` flags, verbatim
+    env = {}                          # environment variables for the engine
+
+    [limits]
+    default_tps = 100                 # --default-user-output-tokens-per-second
+    [limits.users]                    # --user-output-tokens-per-second
+    user-a = 20
+
+    [[scenarios]]
+    name = "seed-experiment"          # unique; defaults to the kind
+    kind = "seed-experiment"          # one of SCENARIO_KINDS
+    scheduling = ["sync", "async"]    # optional; default: the profile's first mode
+    # ... the kind's parameters, see SCENARIO_PARAMS
+
+Users named by a scenario must be keys of ``[limits.users]`` (write the
+default rate there to use a user at the default rate). Rates are positive
+integers, as the engine flags take them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = "cpu-tiny"
+ANONYMOUS_USER = "__anonymous__"
+SCHEDULING_MODES = ("sync", "async")
+APIS = ("completions", "chat")
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used: names the file, the key and what was expected."""
+
+    def __init__(self, path: Path | str, key: str, expected: str, got: Any = None, *, has_got: bool = True):
+        self.path, self.key, self.expected = str(path), key, expected
+        msg = f"{path}: {key}: expected {expected}"
+        if has_got:
+            msg += f", got {got!r}"
+        super().__init__(msg)
+
+
+# ---- plain data ---------------------------------------------------------------------
+
+
+@dataclass
+class ModelSpec:
+    source: str  # "tiny" | "path"
+    name: str | None
+    served_name: str
+    max_model_len: int | None = None
+    dtype: str | None = None
+
+
+@dataclass
+class EngineFlags:
+    max_num_seqs: int
+    max_num_active_seqs: int
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Limits:
+    default_tps: int
+    user_tps: dict[str, int]
+
+    def limit_of(self, user: str | None) -> int:
+        """The rate the engine gives ``user`` (None: the anonymous user)."""
+        return self.user_tps.get(user or ANONYMOUS_USER, self.default_tps)
+
+
+@dataclass
+class ScenarioSpec:
+    name: str
+    kind: str
+    scheduling: list[str]
+    params: dict[str, Any]  # the kind's parameters, defaults filled in
+
+
+@dataclass
+class Profile:
+    name: str
+    description: str
+    path: str
+    device: str
+    scheduling: list[str]
+    startup_timeout_s: float
+    shutdown_grace_s: float
+    model: ModelSpec
+    engine: EngineFlags
+    limits: Limits
+    scenarios: list[ScenarioSpec]
+
+    def to_json(self) -> dict[str, Any]:
+        """The profile as loaded, as plain JSON (for the manifest)."""
+        return asdict(self)
+
+
+@dataclass
+class ProfileInfo:
+    name: str
+    path: Path
+    description: str
+
+
+# ---- scenario parameters ------------------------------------------------------------
+# Each kind: parameter -> (checker, default). A default of REQUIRED must be given.
+
+REQUIRED = object()
+
+
+def _pos_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _nonneg_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _pos_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "pos_int": (_pos_int, "a positive integer"),
+    "nonneg_int": (_nonneg_int, "an integer >= 0"),
+    "pos_num": (_pos_num, "a positive number"),
+    "num": (_num, "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "user": (lambda v: isinstance(v, str) and v != "", "a user name"),
+    "api": (lambda v: v in APIS, f"one of {list(APIS)}"),
+    "pos_int_list": (
+        lambda v: isinstance(v, list) and len(v) > 0 and all(_pos_int(x) for x in v),
+        "a non-empty list of positive integers",
+    ),
+    "int_range": (
+        lambda v: isinstance(v, list) and len(v) == 2 and all(_pos_int(x) for x in v) and v[0] <= v[1],
+        "[low, high]: two positive integers, low <= high",
+    ),
+}
+
+# Parameters every scenario kind takes.
+_COMMON = {"api": ("api", "completions"), "prompt_tokens": ("pos_int", 32)}
+
+SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
+    # One user limited to a low rate with 1 then 4 streams, beside a user at a higher rate.
+    "seed-experiment": {
+        "user": ("user", REQUIRED),
+        "neighbour": ("user", REQUIRED),
+        "streams": ("pos_int_list", [1, 4]),
+        "neighbour_streams": ("pos_int", 1),
+        "max_tokens": ("pos_int", 200),
+        "neighbour_max_tokens": ("pos_int", 200),
+    },
+    # A throttled user with more streams than --max-num-active-seqs beside a high-limit
+    # user; the high-limit user also runs alone (baseline).
+    "isolation": {
+        "throttled_user": ("user", REQUIRED),
+        "throttled_streams": ("pos_int", REQUIRED),
+        "user": ("user", REQUIRED),
+        "streams": ("pos_int", 2),
+        "max_tokens": ("pos_int", 200),
+        "lead_s": ("pos_num", 0.5),
+    },
+    # Streams closed by the client mid-answer; then the same user's new streams.
+    "cancellation": {
+        "user": ("user", REQUIRED),
+        "streams": ("pos_int", 4),
+        "cancel_after_tokens": ("pos_int", 10),
+        "cancel_after_s": ("pos_num", 1.0),
+        "max_tokens": ("pos_int", 2000),
+        "followup_streams": ("pos_int", 2),
+        "followup_max_tokens": ("pos_int", 100),
+        "settle_s": ("num", 0.5),
+    },
+    # Prompts several times --max-num-batched-tokens: chunked prefill.
+    "long-prompt": {
+        "user": ("user", REQUIRED),
+        "streams": ("pos_int", 2),
+        "max_tokens": ("pos_int", 100),
+    },
+    # Many requests sharing a long prefix (prefix-cache hits).
+    "prefix-cache": {
+        "user": ("user", REQUIRED),
+        "requests": ("pos_int", 16),
+        "concurrency": ("pos_int", 4),
+        "prefix_tokens": ("pos_int", 512),
+        "max_tokens": ("pos_int", 32),
+    },
+    # Short answers that end with a real EOS (no ignore_eos).
+    "eos": {
+        "user": ("user", REQUIRED),
+        "requests": ("pos_int", 12),
+        "concurrency": ("pos_int", 4),
+        "answer_tokens": ("int_range", [2, 20]),
+        "max_tokens": ("pos_int", 64),
+        # Tiny random-weight models never choose EOS: a logit bias on the EOS token,
+        # released by min_tokens, makes it come at a chosen length. 0: natural EOS.
+        "eos_logit_bias": ("num", 0),
+        "question": ("str", "Answer with one word: what colour is the sky on a clear day?"),
+    },
+    # Requests without output_rate_user share __anonymous__; the OpenAI `user` field
+    # (spoof_as) changes nothing.
+    "anonymous-and-spoofing": {
+        "streams": ("pos_int", 2),
+        "spoof_streams": ("pos_int", 2),
+        "spoof_as": ("user", REQUIRED),
+        "max_tokens": ("pos_int", 100),
+    },
+    # Limits never reached, against the feature off and against stock vLLM.
+    "overhead": {
+        "user": ("user", REQUIRED),
+        "streams": ("pos_int", 8),
+        "max_tokens": ("pos_int", 128),
+        "rounds": ("pos_int", 2),
+    },
+}
+for _kind in SCENARIO_PARAMS.values():
+    for _k, _v in _COMMON.items():
+        _kind.setdefault(_k, _v)
+SCENARIO_KINDS = tuple(SCENARIO_PARAMS)
+
+# Parameters naming users, per kind (checked against [limits.users]).
+_USER_PARAMS = ("user", "neighbour", "throttled_user", "spoof_as")
+
+
+# ---- loading ------------------------------------------------------------------------
+
+
+def list_profiles() -> list[ProfileInfo]:
+    """The built-in profiles, by name."""
+    out = []
+    for path in sorted(BUILTIN_DIR.glob("*.toml")):
+        try:
+            with path.open("rb") as f:
+                data = tomllib.load(f)
+            desc = str(data.get("profile", {}).get("description", ""))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            desc = f"(unreadable: {exc})"
+        out.append(ProfileInfo(name=path.stem, path=path, description=desc))
+    return out
+
+
+def resolve_profile_path(name_or_path: str) -> Path:
+    """A built-in profile name, or a path to a TOML file."""
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or p.exists():
+        if not p.is_file():
+            raise ProfileError(p, "file", "an existing profile TOML file", has_got=False)
+        return p
+    builtin = BUILTIN_DIR / f"{name_or_path}.toml"
+    if builtin.is_file():
+        return builtin
+    names = ", ".join(i.name for i in list_profiles()) or "none"
+    raise ProfileError(name_or_path, "profile", f"a built-in profile name ({names}) or a .toml path", has_got=False)
+
+
+def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
+    """Load and validate a profile; raises ProfileError naming file, key and expectation."""
+    path = resolve_profile_path(name_or_path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(path, "(file)", f"valid TOML ({exc})", has_got=False) from exc
+    except OSError as exc:
+        raise ProfileError(path, "(file)", f"a readable file ({exc.strerror})", has_got=False) from exc
+    return parse_profile(data, path)
+
+
+def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
+    """Validate a profile's parsed TOML."""
+    v = _Validator(path)
+    v.keys(data, "", {"profile", "model", "engine", "limits", "scenarios"}, required={"model", "engine", "limits", "scenarios"})
+
+    prof = v.table(data, "profile", optional=True)
+    v.keys(prof, "profile", {"name", "description", "device", "scheduling", "startup_timeout_s", "shutdown_grace_s"})
+    name = v.get(prof, "profile", "name", "str", Path(path).stem)
+    description = v.get(prof, "profile", "description", "str", "")
+    device = v.get(prof, "profile", "device", None, "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ProfileError(path, "profile.device", '"cpu" or "cuda"', device)
+    scheduling = v.scheduling(prof, "profile.scheduling", ["sync"])
+    startup_timeout_s = float(v.get(prof, "profile", "startup_timeout_s", "pos_num", 600))
+    shutdown_grace_s = float(v.get(prof, "profile", "shutdown_grace_s", "pos_num", 20))
+
+    m = v.table(data, "model")
+    v.keys(m, "model", {"source", "name", "served_name", "max_model_len", "dtype"})
+    source = v.get(m, "model", "source", None, "path")
+    if source not in ("tiny", "path"):
+        raise ProfileError(path, "model.source", '"tiny" (the generated model) or "path"', source)
+    model_name = v.get(m, "model", "name", "str", None)
+    if source == "path" and model_name is None:
+        raise ProfileError(path, "model.name", 'a model folder or Hugging Face id when source = "path"', has_got=False)
+    model = ModelSpec(
+        source=source,
+        name=model_name,
+        served_name=v.get(m, "model", "served_name", "str", "tiny-qwen3" if source == "tiny" else model_name),
+        max_model_len=v.get(m, "model", "max_model_len", "pos_int", None),
+        dtype=v.get(m, "model", "dtype", "str", None),
+    )
+
+    e = v.table(data, "engine")
+    v.keys(e, "engine", {"max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                         "enable_prefix_caching", "extra_args", "env"}, required={"max_num_seqs", "max_num_active_seqs"})
+    extra_args = e.get("extra_args", [])
+    if not (isinstance(extra_args, list) and all(isinstance(a, str) for a in extra_args)):
+        raise ProfileError(path, "engine.extra_args", "a list of strings", extra_args)
+    env = e.get("env", {})
+    if not (isinstance(env, dict) and all(isinstance(x, str) for x in env.values())):
+        raise ProfileError(path, "engine.env", "a table of strings", env)
+    engine = EngineFlags(
+        max_num_seqs=v.get(e, "engine", "max_num_seqs", "pos_int", REQUIRED),
+        max_num_active_seqs=v.get(e, "engine", "max_num_active_seqs", "pos_int", REQUIRED),
+        max_num_batched_tokens=v.get(e, "engine", "max_num_batched_tokens", "pos_int", None),
+        enable_chunked_prefill=v.get(e, "engine", "enable_chunked_prefill", "bool", None),
+        enable_prefix_caching=v.get(e, "engine", "enable_prefix_caching", "bool", None),
+        extra_args=list(extra_args),
+        env=dict(env),
+    )
+    if engine.max_num_active_seqs > engine.max_num_seqs:
+        raise ProfileError(path, "engine.max_num_active_seqs", f"at most engine.max_num_seqs ({engine.max_num_seqs})",
+                           engine.max_num_active_seqs)
+
+    lim = v.table(data, "limits")
+    v.keys(lim, "limits", {"default_tps", "users"}, required={"default_tps"})
+    default_tps = v.get(lim, "limits", "default_tps", "pos_int", REQUIRED)
+    users = v.table(lim, "users", optional=True, prefix="limits")
+    user_tps: dict[str, int] = {}
+    for user, rate in users.items():
+        if user == ANONYMOUS_USER:
+            raise ProfileError(path, f"limits.users.{user}", "a user name other than __anonymous__ (it takes default_tps)",
+                               user)
+        if not _pos_int(rate):
+            raise ProfileError(path, f"limits.users.{user}", "a positive integer rate in tokens per second", rate)
+        user_tps[user] = rate
+    limits = Limits(default_tps=default_tps, user_tps=user_tps)
+
+    raw_scenarios = data["scenarios"]
+    if not isinstance(raw_scenarios, list) or not raw_scenarios:
+        raise ProfileError(path, "scenarios", "a non-empty array of tables ([[scenarios]])", raw_scenarios)
+    scenarios: list[ScenarioSpec] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_scenarios):
+        sc = v.scenario(raw, f"scenarios[{i}]", scheduling, limits, engine, model)
+        if sc.name in seen:
+            raise ProfileError(path, f"scenarios[{i}].name", "a name not used by another scenario", sc.name)
+        seen.add(sc.name)
+        scenarios.append(sc)
+
+    return Profile(
+        name=name, description=description, path=str(path), device=device, scheduling=scheduling,
+        startup_timeout_s=startup_timeout_s, shutdown_grace_s=shutdown_grace_s,
+        model=model, engine=engine, limits=limits, scenarios=scenarios,
+    )
+
+
+class _Validator:
+    def __init__(self, path: Path | str) -> None:
+        self.path = path
+
+    def keys(self, table: dict, where: str, allowed: set[str], required: set[str] = frozenset()) -> None:
+        for key in table:
+            if key not in allowed:
+                full = f"{where}.{key}" if where else key
+                raise ProfileError(self.path, full, f"one of the known keys {sorted(allowed)}", key)
+        for key in required:
+            if key not in table:
+                full = f"{where}.{key}" if where else key
+                raise ProfileError(self.path, full, "this key (it is required)", has_got=False)
+
+    def table(self, data: dict, key: str, optional: bool = False, prefix: str = "") -> dict:
+        full = f"{prefix}.{key}" if prefix else key
+        if key not in data:
+            if optional:
+                return {}
+            raise ProfileError(self.path, full, "a table (it is required)", has_got=False)
+        value = data[key]
+        if not isinstance(value, dict):
+            raise ProfileError(self.path, full, "a table", value)
+        return value
+
+    def get(self, table: dict, where: str, key: str, check: str | None, default: Any) -> Any:
+        if key not in table:
+            if default is REQUIRED:
+                raise ProfileError(self.path, f"{where}.{key}", "this key (it is required)", has_got=False)
+            return default
+        value = table[key]
+        if check is not None:
+            ok, expected = _CHECKS[check]
+            if not ok(value):
+                raise ProfileError(self.path, f"{where}.{key}", expected, value)
+        return value
+
+    def scheduling(self, table: dict, full: str, default: list[str]) -> list[str]:
+        key = full.rsplit(".", 1)[-1]
+        value = table.get(key, default)
+        if (not isinstance(value, list) or not value or any(m not in SCHEDULING_MODES for m in value)
+                or len(set(value)) != len(value)):
+            raise ProfileError(self.path, full, 'a non-empty list of distinct modes from ["sync", "async"]', value)
+        return list(value)
+
+    def scenario(self, raw: Any, where: str, profile_modes: list[str], limits: Limits, engine: EngineFlags,
+                 model: ModelSpec) -> ScenarioSpec:
+        if not isinstance(raw, dict):
+            raise ProfileError(self.path, where, "a table", raw)
+        kind = raw.get("kind")
+        if kind not in SCENARIO_PARAMS:
+            raise ProfileError(self.path, f"{where}.kind", f"one of {list(SCENARIO_KINDS)}", kind)
+        schema = SCENARIO_PARAMS[kind]
+        self.keys(raw, where, {"name", "kind", "scheduling", *schema})
+        name = self.get(raw, where, "name", "str", kind)
+        modes = self.scheduling(raw, f"{where}.scheduling", profile_modes[:1])
+        for mode in modes:
+            if mode not in profile_modes:
+                raise ProfileError(self.path, f"{where}.scheduling", f"modes listed in profile.scheduling {profile_modes}",
+                                   modes)
+        params = {key: self.get(raw, where, key, check, default) for key, (check, default) in schema.items()}
+        for key in _USER_PARAMS:
+            user = params.get(key)
+            if user is not None and user not in limits.user_tps:
+                raise ProfileError(self.path, f"{where}.{key}",
+                                   f"a user declared in [limits.users] (known: {sorted(limits.user_tps)})", user)
+        self._scenario_rules(kind, params, where, limits, engine, model)
+        return ScenarioSpec(name=name, kind=kind, scheduling=modes, params=params)
+
+    def _scenario_rules(self, kind: str, p: dict, where: str, limits: Limits, engine: EngineFlags,
+                        model: ModelSpec) -> None:
+        """What makes a scenario able to show what it is for."""
+        max_len = model.max_model_len
+        if kind == "isolation":
+            if p["throttled_streams"] <= engine.max_num_active_seqs:
+                raise ProfileError(self.path, f"{where}.throttled_streams",
+                                   f"more streams than engine.max_num_active_seqs ({engine.max_num_active_seqs})",
+                                   p["throttled_streams"])
+            if limits.limit_of(p["user"]) <= limits.limit_of(p["throttled_user"]):
+                raise ProfileError(self.path, f"{where}.user",
+                                   f"a user whose limit is above {p['throttled_user']}'s "
+                                   f"({limits.limit_of(p['throttled_user'])} tok/s)", p["user"])
+        if kind == "long-prompt":
+            batched = engine.max_num_batched_tokens
+            if batched is None:
+                raise ProfileError(self.path, "engine.max_num_batched_tokens",
+                                   "a value when a long-prompt scenario runs (prompts are sized from it)",
+                                   has_got=False)
+            if p["prompt_tokens"] < 2 * batched:
+                raise ProfileError(self.path, f"{where}.prompt_tokens",
+                                   f"at least twice engine.max_num_batched_tokens ({2 * batched}), so prefill is chunked",
+                                   p["prompt_tokens"])
+        if kind == "eos" and p["answer_tokens"][1] >= p["max_tokens"]:
+            raise ProfileError(self.path, f"{where}.answer_tokens", f"answers shorter than max_tokens ({p['max_tokens']})",
+                               p["answer_tokens"])
+        if max_len is not None:
+            need = p.get("prefix_tokens", 0) + p["prompt_tokens"] + max(
+                p.get("max_tokens", 0), p.get("followup_max_tokens", 0))
+            if need > max_len:
+                raise ProfileError(self.path, f"{where}.prompt_tokens",
+                                   f"prompt plus max_tokens within model.max_model_len ({max_len})", need)
