@@ -164,6 +164,33 @@ def patch_refresh_hashes(
 # ---- tiny model: ratebench tiny-model ----------------------------------------------
 # (section owned by ratebench/tinymodel.py)
 
+from ratebench import tinymodel as _tinymodel  # noqa: E402
+
+
+@app.command("tiny-model")
+def tiny_model(
+    dest: _Annotated[
+        _Path | None,
+        typer.Option(
+            "--dest",
+            help="Model folder (default: <repo>/models/tiny-qwen3 in a source checkout, else "
+            f"~/.cache/ratebench/models/tiny-qwen3; ${_tinymodel.MODELS_DIR_ENV} sets the parent).",
+            file_okay=False,
+        ),
+    ] = None,
+    force: _Annotated[bool, typer.Option("--force", help="Regenerate even if a matching model exists.")] = False,
+) -> None:
+    """Generate (or reuse) the tiny Qwen3 model of the cpu-tiny profile; print its path and a summary."""
+    out = _Console(soft_wrap=True, highlight=False)
+    try:
+        path = _tinymodel.ensure_tiny_model(dest, force=force)
+        info = _tinymodel.read_tiny_model_info(path)
+    except _tinymodel.TinyModelError as exc:
+        _Console(stderr=True, soft_wrap=True, highlight=False).print(f"[bold red]error:[/] {_escape(str(exc))}")
+        raise typer.Exit(2) from None
+    out.print(_escape(str(path)))
+    out.print(_escape(info.summary()))
+
 # ---- run / profiles ------------------------------------------------------------------
 # (section owned by ratebench/profiles.py, engine.py, workload.py, runner.py)
 
