@@ -194,6 +194,61 @@ def tiny_model(
 # ---- run / profiles ------------------------------------------------------------------
 # (section owned by ratebench/profiles.py, engine.py, workload.py, runner.py)
 
+from ratebench import profiles as _profiles  # noqa: E402
+
+
+@app.command("profiles")
+def profiles_cmd() -> None:
+    """List the built-in profiles, one line each."""
+    out = _Console(soft_wrap=True, highlight=False)
+    for info in _profiles.list_profiles():
+        out.print(f"[bold]{info.name:<20}[/] {_escape(info.description)}")
+
+
+@app.command("run")
+def run_cmd(
+    profile: _Annotated[str, typer.Option("--profile", "-p", help="built-in profile name or path to a .toml")] = (
+        _profiles.DEFAULT_PROFILE),
+    results: _Annotated[_Path, typer.Option("--results", help="folder that holds results/<profile>/<run>/")] = (
+        _Path("results")),
+    endpoint: _Annotated[str | None, typer.Option(
+        "--endpoint", help="attach to a server someone else started (URL); no engine is launched")] = None,
+    events_file: _Annotated[_Path | None, typer.Option(
+        "--events-file", help="with --endpoint: that server's engine event file")] = None,
+    model: _Annotated[str | None, typer.Option("--model", help="model folder or id instead of the profile's")] = None,
+    no_verify: _Annotated[bool, typer.Option("--no-verify", help="skip the verdict at the end")] = False,
+    unpatched: _Annotated[bool, typer.Option(
+        "--unpatched", hidden=True, help="development: stock vLLM, limiter flags left out")] = False,
+) -> None:
+    """Launch the engines of a profile, run every scenario, and print the verdict."""
+    from ratebench import runner as _runner
+
+    err = _Console(stderr=True, soft_wrap=True, highlight=False)
+    try:
+        prof = _profiles.load_profile(profile)
+    except _profiles.ProfileError as exc:
+        err.print(f"[bold red]error:[/] {_escape(str(exc))}")
+        raise typer.Exit(_runner.EXIT_USAGE) from None
+    if events_file is not None and endpoint is None:
+        err.print("[bold red]error:[/] --events-file goes with --endpoint (launched engines record their own)")
+        raise typer.Exit(_runner.EXIT_USAGE)
+    options = _runner.RunOptions(results_dir=results, endpoint=endpoint, events_file=events_file, model=model,
+                                 use_patch=not unpatched, verify=not no_verify, live=err.is_terminal)
+    outcome = _runner.run_profile(prof, options, console=err)
+    if outcome.engine_error is not None:
+        err.print(f"[bold red]error:[/] {_escape(str(outcome.engine_error))}")
+        if outcome.engine_error.log_tail:
+            err.print(f"[dim]last lines of {outcome.engine_error.log_path}:[/]")
+            err.print(_escape(outcome.engine_error.log_tail.rstrip()), markup=True, highlight=False)
+    elif outcome.state != "complete":
+        err.print(f"[bold red]run {outcome.state}:[/] {_escape(outcome.reason or '')}")
+    out = _Console(soft_wrap=True, highlight=False)
+    out.print(f"run folder: {outcome.run_dir}  state: {outcome.state}")
+    if outcome.verdict is not None:
+        summary = getattr(outcome.verdict, "summary", None)
+        out.print(summary() if callable(summary) else str(summary or outcome.verdict))
+    raise typer.Exit(outcome.exit_code)
+
 # ---- verify-bound / compare ----------------------------------------------------------
 # (section owned by ratebench/analysis/, ratebench/outputs/)
 

@@ -1,0 +1,261 @@
+"""Launch, health, logs and shutdown of vLLM OpenAI servers.
+
+An engine runs ``python -m vllm.entrypoints.openai.api_server`` in its own
+process group (``start_new_session``), bound to 127.0.0.1 on a free port, with
+its stdout and stderr in ``engines/<name>/engine.log`` of the run folder. It is
+ready when ``/health`` answers 200 and ``/v1/models`` lists the served model.
+:meth:`RunningEngine.stop` always leaves no process of the group behind:
+SIGINT, then SIGTERM, then SIGKILL after the grace period.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from ratebench.events import ENV_VAR as EVENTS_ENV_VAR
+
+LOG_TAIL_LINES = 30
+
+
+class EngineError(RuntimeError):
+    """An engine that did not start or died; carries the last lines of its log."""
+
+    def __init__(self, message: str, log_tail: str = "", log_path: Path | None = None) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.log_path = log_path
+
+
+@dataclass
+class EngineSpec:
+    """What one engine of a run is: code (patched or stock), limiter and flags."""
+
+    name: str  # engines/<name>/ in the run folder, e.g. "patched-sync"
+    kind: str  # "patched" | "stock"
+    feature: bool  # limiter flags passed (feature on)
+    async_scheduling: bool
+    model: str  # folder or Hugging Face id
+    served_name: str
+    flags: list[str]  # the profile's engine flags (without limiter and scheduling flags)
+    default_tps: int | None = None
+    user_tps: dict[str, int] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    record_events: bool = True
+
+    def limiter_flags(self) -> list[str]:
+        if not self.feature:
+            return []
+        import json
+
+        out = ["--default-user-output-tokens-per-second", str(self.default_tps)]
+        if self.user_tps:
+            out += ["--user-output-tokens-per-second", json.dumps(self.user_tps, separators=(",", ":"))]
+        return out
+
+    def all_flags(self) -> list[str]:
+        """Every server flag except host and port (recorded in the manifest)."""
+        flags = ["--model", self.model, "--served-model-name", self.served_name, *self.flags]
+        if self.async_scheduling:
+            flags.append("--async-scheduling")
+        return flags + self.limiter_flags()
+
+    def argv(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
+                "--port", str(port), *self.all_flags()]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with path.open("r", errors="replace") as f:
+            return "".join(deque(f, maxlen=lines))
+    except OSError:
+        return ""
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # Fields after the command (which may hold spaces): state ppid pgrp ...
+        rest = stat[stat.rfind(b")") + 2 :].split()
+        if len(rest) >= 3 and int(rest[2]) == pgid and rest[0] != b"Z":
+            out.append(int(entry.name))
+    return out
+
+
+_LIVE: dict[int, "RunningEngine"] = {}
+
+
+@atexit.register
+def _kill_leftovers() -> None:  # last resort: an interpreter exiting with engines up
+    for engine in list(_LIVE.values()):
+        engine.kill_now()
+
+
+class RunningEngine:
+    """A started engine; stop() is idempotent and leaves no process behind."""
+
+    def __init__(self, spec: EngineSpec, process: subprocess.Popen, port: int, folder: Path,
+                 events_path: Path | None, log_file) -> None:
+        self.spec = spec
+        self.process = process
+        self.pgid = process.pid  # start_new_session: the leader's pid is the group id
+        self.port = port
+        self.endpoint = f"http://127.0.0.1:{port}"
+        self.folder = folder
+        self.log_path = folder / "engine.log"
+        self.events_path = events_path
+        self._log_file = log_file
+        self.stopped = False
+        _LIVE[self.pgid] = self
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill_now(self) -> None:
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        _LIVE.pop(self.pgid, None)
+
+    def stop(self, grace_s: float = 20.0) -> list[int]:
+        """SIGINT the group, SIGTERM at half the grace, SIGKILL after it.
+
+        Returns the pids that needed SIGKILL (empty on a clean shutdown).
+        """
+        if self.stopped:
+            return []
+        killed: list[int] = []
+        try:
+            self._signal_group(signal.SIGINT)
+            deadline = time.monotonic() + grace_s
+            sent_term = False
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None and not group_members(self.pgid):
+                    break
+                if not sent_term and time.monotonic() > deadline - grace_s / 2:
+                    self._signal_group(signal.SIGTERM)
+                    sent_term = True
+                time.sleep(0.1)
+            killed = group_members(self.pgid)
+            if killed:
+                self._signal_group(signal.SIGKILL)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            end = time.monotonic() + 10
+            while group_members(self.pgid) and time.monotonic() < end:
+                self._signal_group(signal.SIGKILL)
+                time.sleep(0.1)
+        finally:
+            self.stopped = True
+            _LIVE.pop(self.pgid, None)
+            try:
+                self._log_file.close()
+            except OSError:
+                pass
+        return killed
+
+
+def start_engine(spec: EngineSpec, folder: Path, *, timeout_s: float, console: Console | None = None,
+                 grace_s: float = 20.0) -> RunningEngine:
+    """Start an engine and wait until it serves; on failure stop it and raise EngineError."""
+    console = console or Console(stderr=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = dict(os.environ)
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    env.update(spec.env)
+    env.pop(EVENTS_ENV_VAR, None)
+    events_path = None
+    if spec.record_events and spec.kind == "patched":
+        events_path = folder / "events.rbev"
+        env[EVENTS_ENV_VAR] = str(events_path.resolve())
+    log_file = open(folder / "engine.log", "ab")
+    log_file.write(f"# ratebench: {' '.join(spec.argv(port))}\n".encode())
+    log_file.flush()
+    process = subprocess.Popen(
+        spec.argv(port), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+        env=env, start_new_session=True, cwd=folder,
+    )
+    engine = RunningEngine(spec, process, port, folder, events_path, log_file)
+    try:
+        _wait_ready(engine, timeout_s, console)
+    except BaseException:
+        engine.stop(grace_s)
+        raise
+    return engine
+
+
+def _wait_ready(engine: RunningEngine, timeout_s: float, console: Console) -> None:
+    spec = engine.spec
+    start = time.monotonic()
+    stage = "starting"
+    with httpx.Client(timeout=2.0) as client, Progress(
+        SpinnerColumn(), TextColumn("[bold]{task.fields[name]}[/]: {task.description}"), TimeElapsedColumn(),
+        console=console, transient=True,
+    ) as progress:
+        task = progress.add_task(stage, name=spec.name)
+        while True:
+            if not engine.alive():
+                raise EngineError(
+                    f"engine {spec.name} exited with code {engine.process.returncode} before it was ready",
+                    log_tail(engine.log_path), engine.log_path)
+            if time.monotonic() - start > timeout_s:
+                raise EngineError(f"engine {spec.name} was not ready after {timeout_s:.0f} s "
+                                  f"(profile.startup_timeout_s)", log_tail(engine.log_path), engine.log_path)
+            try:
+                if stage != "models":
+                    r = client.get(f"{engine.endpoint}/health")
+                    if r.status_code == 200:
+                        stage = "models"
+                if stage == "models":
+                    r = client.get(f"{engine.endpoint}/v1/models")
+                    if r.status_code == 200 and any(m.get("id") == spec.served_name for m in r.json().get("data", [])):
+                        return
+            except (httpx.TransportError, ValueError):
+                pass
+            last = log_tail(engine.log_path, 1).strip()
+            progress.update(task, description=(last[-100:] if last else stage))
+            time.sleep(0.5)

@@ -1,0 +1,448 @@
+"""A run: run folder, manifest, engines, scenarios, and the verdict at the end.
+
+The run folder follows ``docs/run-folder.md``. Engines start when the first
+scenario that needs them starts and stop when no later scenario needs them. The
+stock engine (overhead scenario) runs the real pristine vLLM: the patch is
+reverted while it starts (until it serves, everything it runs is imported) and
+applied again in a ``finally``. An interrupted run (Ctrl-C, SIGTERM) is marked
+``partial`` and never reported as a pass; no engine process outlives the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from ratebench import __version__
+from ratebench._io import atomic_write_json
+from ratebench.engine import EngineError, EngineSpec, RunningEngine, start_engine
+from ratebench.events import write_client_records
+from ratebench.profiles import Profile
+from ratebench.scenarios import (
+    ROLE_FEATURE_OFF,
+    ROLE_FEATURE_ON,
+    ROLE_STOCK,
+    EngineRef,
+    PhaseRecord,
+    ScenarioContext,
+    engine_name,
+    engines_needed,
+    run_scenario,
+)
+from ratebench.workload import Driver, WorkloadError
+
+EXIT_OK = 0
+EXIT_VERDICT_FAILED = 1
+EXIT_RUN_FAILED = 3
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXTERNAL_ENGINE = "external"
+
+
+class RunError(RuntimeError):
+    """A run that cannot start (patch, model, endpoint): the message says what to do."""
+
+
+class RunInterrupted(BaseException):
+    """SIGINT or SIGTERM during a run."""
+
+
+@dataclass
+class RunOptions:
+    results_dir: Path = Path("results")
+    endpoint: str | None = None  # attach to a running server instead of launching engines
+    events_file: Path | None = None  # that server's engine event file
+    model: str | None = None  # overrides the profile's model (folder or id)
+    use_patch: bool = True  # False: development on stock vLLM (limiter flags left out)
+    verify: bool = True
+    live: bool = True
+
+
+@dataclass
+class RunOutcome:
+    run_dir: Path
+    state: str  # complete | partial | failed
+    exit_code: int
+    reason: str | None = None
+    verdict: Any = None
+    engine_error: EngineError | None = None
+    phases: list[PhaseRecord] = field(default_factory=list)
+
+
+def new_run_dir(results_dir: Path, profile_name: str, run_id: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = results_dir / profile_name / f"{stamp}-{run_id}"
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            gpu = [line.strip() for line in out.stdout.splitlines() if line.strip()] or None
+        except (OSError, subprocess.SubprocessError):
+            gpu = None
+    return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(), "gpu": gpu,
+            "platform": platform.platform()}
+
+
+def git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def profile_engine_flags(profile: Profile) -> list[str]:
+    """The profile's vLLM flags, the same for every engine of a run."""
+    e, m = profile.engine, profile.model
+    flags = ["--max-num-seqs", str(e.max_num_seqs), "--max-num-active-seqs", str(e.max_num_active_seqs)]
+    if e.max_num_batched_tokens is not None:
+        flags += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.enable_chunked_prefill is not None:
+        flags.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if e.enable_prefix_caching is not None:
+        flags.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if m.max_model_len is not None:
+        flags += ["--max-model-len", str(m.max_model_len)]
+    if m.dtype is not None:
+        flags += ["--dtype", m.dtype]
+    return flags + list(e.extra_args)
+
+
+class Run:
+    """One run of a profile. Use :func:`run_profile`."""
+
+    def __init__(self, profile: Profile, options: RunOptions, console: Console) -> None:
+        self.profile = profile
+        self.options = options
+        self.console = console
+        self.run_id = secrets.token_hex(4)
+        self.run_dir = new_run_dir(options.results_dir, profile.name, self.run_id)
+        self.driver = Driver(self.run_id, console=console, live=options.live)
+        self.phases: list[PhaseRecord] = []
+        self.engines: dict[str, RunningEngine] = {}
+        self.refs: dict[str, EngineRef] = {}
+        self.model_path: str | None = None
+        self.model_dir: Path | None = None
+        self.manifest: dict[str, Any] = {}
+
+    # ---- files ----------------------------------------------------------------------
+
+    def write_manifest(self) -> None:
+        atomic_write_json(self.run_dir / "manifest.json", self.manifest)
+
+    def on_phase(self, record: PhaseRecord) -> None:
+        self.phases.append(record)
+        atomic_write_json(self.run_dir / "scenarios.json", [asdict(p) for p in self.phases])
+        write_client_records(self.run_dir / "requests.jsonl", self.driver.records)
+
+    def start_manifest(self) -> None:
+        from ratebench import patching
+
+        try:
+            vllm_version = patching.installed_vllm_version()
+        except Exception:  # noqa: BLE001 - reported as unknown, the run decides later
+            vllm_version = None
+        try:
+            patch_hash = patching.patch_sha256() if self.options.use_patch else None
+        except Exception:  # noqa: BLE001
+            patch_hash = None
+        self.manifest = {
+            "ratebench_version": __version__,
+            "run_id": self.run_id,
+            "profile_name": self.profile.name,
+            "profile": self.profile.to_json(),
+            "state": "running",
+            "partial_reason": None,
+            "started_unix_s": time.time(),
+            "ended_unix_s": None,
+            "started_monotonic_ns": time.monotonic_ns(),
+            "ended_monotonic_ns": None,
+            "git_commit": git_commit(),
+            "python": platform.python_version(),
+            "vllm_version": vllm_version,
+            "patch_sha256": patch_hash,
+            "machine": machine_info(),
+            "endpoint": self.options.endpoint,
+            "model_path": None,
+            "engines": {},
+            "skipped_scenarios": [],
+            "command": sys.argv,
+        }
+        self.write_manifest()
+
+    # ---- preparation ----------------------------------------------------------------
+
+    def prepare(self) -> None:
+        from ratebench import patching
+
+        if self.options.endpoint is None and self.options.use_patch:
+            try:
+                state = patching.patch_status().overall
+                if state == "pristine":
+                    self.console.print("[bold]patch[/]: applying the limiter patch to vLLM")
+                    patching.apply_patch()
+                elif state != "patched":
+                    patching.apply_patch()  # refuses with a message naming the modified files
+            except patching.PatchError as exc:
+                raise RunError(str(exc)) from exc
+        if self.options.endpoint is not None:
+            return
+        m = self.profile.model
+        if self.options.model is not None:
+            self.model_path = self.options.model
+        elif m.source == "tiny":
+            from ratebench.tinymodel import ensure_tiny_model
+
+            self.console.print("[bold]model[/]: generating (or reusing) the tiny Qwen3")
+            self.model_path = str(ensure_tiny_model())
+        else:
+            self.model_path = m.name
+        if self.model_path and Path(self.model_path).is_dir():
+            self.model_dir = Path(self.model_path).resolve()
+            self.model_path = str(self.model_dir)
+        self.manifest["model_path"] = self.model_path
+
+    def engine_spec(self, name: str) -> EngineSpec:
+        role, mode = name.rsplit("-", 1)
+        feature = role == ROLE_FEATURE_ON and self.options.use_patch
+        kind = "stock" if role == ROLE_STOCK or not self.options.use_patch else "patched"
+        lim = self.profile.limits
+        return EngineSpec(
+            name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"),
+            model=self.model_path or "", served_name=self.profile.model.served_name,
+            flags=profile_engine_flags(self.profile),
+            default_tps=lim.default_tps if feature else None,
+            user_tps=dict(lim.user_tps) if feature else {},
+            env=dict(self.profile.engine.env),
+        )
+
+    def start(self, name: str) -> None:
+        from ratebench import patching
+
+        spec = self.engine_spec(name)
+        folder = self.run_dir / "engines" / name
+        entry = {
+            "kind": spec.kind, "feature": spec.feature, "async_scheduling": spec.async_scheduling,
+            "default_tps": spec.default_tps, "user_tps": spec.user_tps or ({} if spec.feature else None),
+            "flags": spec.all_flags(), "events_file": None, "log_file": f"engines/{name}/engine.log",
+            "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
+            "stopped_monotonic_ns": None, "killed_pids": [],
+        }
+        self.manifest["engines"][name] = entry
+        self.write_manifest()
+        self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind}, "
+                           f"{'limiter on' if spec.feature else 'limiter off'}, "
+                           f"{'async' if spec.async_scheduling else 'sync'} scheduling)")
+        t0 = time.monotonic()
+        reverted = False
+        try:
+            if spec.kind == "stock" and self.options.use_patch:
+                # The real stock code: pristine files while it imports; the patch returns below.
+                patching.revert_patch()
+                reverted = True
+            engine = start_engine(spec, folder, timeout_s=self.profile.startup_timeout_s, console=self.console,
+                                  grace_s=self.profile.shutdown_grace_s)
+        finally:
+            if reverted:
+                patching.apply_patch()
+        self.engines[name] = engine
+        entry["endpoint"] = engine.endpoint
+        entry["ready_monotonic_ns"] = time.monotonic_ns()
+        entry["pid"] = engine.process.pid
+        if engine.events_path is not None:
+            entry["events_file"] = f"engines/{name}/events.rbev"
+        self.write_manifest()
+        self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=spec.served_name,
+                                    feature=spec.feature, kind=spec.kind)
+        self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} in {time.monotonic() - t0:.0f} s")
+
+    def stop(self, name: str) -> None:
+        engine = self.engines.pop(name, None)
+        self.refs.pop(name, None)
+        if engine is None:
+            return
+        killed = engine.stop(self.profile.shutdown_grace_s)
+        entry = self.manifest["engines"].get(name, {})
+        entry["stopped_monotonic_ns"] = time.monotonic_ns()
+        entry["killed_pids"] = killed
+        entry["exit_code"] = engine.process.returncode
+        self.write_manifest()
+
+    def stop_all(self) -> None:
+        for name in list(self.engines):
+            try:
+                self.stop(name)
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                self.console.print(f"[red]engine {name}: stop failed: {exc}[/]")
+
+    def attach(self) -> None:
+        """--endpoint: the one external server stands in for the feature-on engine."""
+        endpoint = self.options.endpoint.rstrip("/")
+        try:
+            r = httpx.get(f"{endpoint}/v1/models", timeout=10.0)
+            r.raise_for_status()
+            models = [m["id"] for m in r.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise RunError(f"--endpoint {endpoint}: /v1/models did not answer ({exc}); is the server up?") from exc
+        served = self.profile.model.served_name
+        model = served if served in models else (models[0] if models else None)
+        if model is None:
+            raise RunError(f"--endpoint {endpoint}: the server lists no model")
+        lim = self.profile.limits
+        self.manifest["engines"][EXTERNAL_ENGINE] = {
+            "kind": "external", "feature": True, "async_scheduling": None, "default_tps": lim.default_tps,
+            "user_tps": dict(lim.user_tps), "flags": None,
+            "events_file": f"engines/{EXTERNAL_ENGINE}/events.rbev" if self.options.events_file else None,
+            "log_file": None, "endpoint": endpoint, "served_model": model,
+        }
+        self.write_manifest()
+        ref = EngineRef(name=EXTERNAL_ENGINE, endpoint=endpoint, model=model, feature=True, kind="external")
+        for mode in self.profile.scheduling:
+            self.refs[engine_name(ROLE_FEATURE_ON, mode)] = ref
+
+    # ---- the run ----------------------------------------------------------------------
+
+    def scenarios_to_run(self):
+        out = []
+        for spec in self.profile.scenarios:
+            if self.options.endpoint is not None:
+                if spec.kind == "overhead":
+                    self.manifest["skipped_scenarios"].append(
+                        {"scenario": spec.name, "why": "overhead needs engines ratebench launches (not --endpoint)"})
+                    continue
+                spec = type(spec)(name=spec.name, kind=spec.kind, scheduling=spec.scheduling[:1], params=spec.params)
+            out.append(spec)
+        return out
+
+    def execute(self) -> None:
+        specs = self.scenarios_to_run()
+        if self.options.endpoint is not None:
+            self.attach()
+        for i, spec in enumerate(specs):
+            needed = engines_needed(spec)
+            if self.options.endpoint is None:
+                for name in needed:
+                    if name not in self.engines:
+                        self.start(name)
+            self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
+            ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, engines=self.refs,
+                                  on_phase=self.on_phase, model_dir=self.model_dir)
+            asyncio.run(run_scenario(ctx))
+            later = {n for s in specs[i + 1:] for n in engines_needed(s)}
+            for name in list(self.engines):
+                if name not in later:
+                    self.stop(name)
+
+    def finish(self, state: str, reason: str | None) -> None:
+        if self.options.endpoint is not None and self.options.events_file is not None:
+            dest = self.run_dir / "engines" / EXTERNAL_ENGINE / "events.rbev"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            time.sleep(0.3)  # the engine flushes its events at least every 100 ms
+            try:
+                shutil.copyfile(self.options.events_file, dest)
+            except OSError as exc:
+                self.manifest["engines"][EXTERNAL_ENGINE]["events_file"] = None
+                reason = (reason + "; " if reason else "") + f"events file not copied: {exc}"
+        write_client_records(self.run_dir / "requests.jsonl", self.driver.records)
+        atomic_write_json(self.run_dir / "scenarios.json", [asdict(p) for p in self.phases])
+        self.manifest.update(state=state, partial_reason=reason, ended_unix_s=time.time(),
+                             ended_monotonic_ns=time.monotonic_ns())
+        self.write_manifest()
+
+
+def _sigterm_as_sigint(signum: int, frame: Any) -> None:
+    signal.raise_signal(signal.SIGINT)
+
+
+def run_profile(profile: Profile, options: RunOptions | None = None, console: Console | None = None) -> RunOutcome:
+    """Run every scenario of a profile; always writes the run folder and stops every engine."""
+    options = options or RunOptions()
+    console = console or Console(stderr=True)
+    run = Run(profile, options, console)
+    run.start_manifest()
+    console.print(f"[bold]run[/] {run.run_dir}")
+    old_term = signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+    state, reason, code = "complete", None, EXIT_OK
+    engine_error: EngineError | None = None
+    try:
+        run.prepare()
+        run.execute()
+    except KeyboardInterrupt:
+        state, reason, code = "partial", "interrupted (SIGINT or SIGTERM)", EXIT_INTERRUPTED
+    except EngineError as exc:
+        engine_error = exc
+        state, reason, code = "partial", f"engine failed: {exc}", EXIT_RUN_FAILED
+    except (RunError, WorkloadError) as exc:
+        state, reason, code = "partial", str(exc), EXIT_RUN_FAILED
+    except Exception as exc:  # noqa: BLE001 - recorded, then re-raised below for the traceback
+        state, reason, code = "partial", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED
+        raise
+    finally:
+        # A second Ctrl-C must not cut the shutdown short: it is bounded by the grace period.
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            run.stop_all()
+            if state != "complete" and not run.phases:
+                state = "failed"
+            run.finish(state, reason)
+        finally:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
+    outcome = RunOutcome(run_dir=run.run_dir, state=state, exit_code=code, reason=reason, phases=run.phases,
+                         engine_error=engine_error)
+    if state == "complete" and options.verify:
+        outcome.verdict, outcome.exit_code = verify_at_end(run.run_dir, console)
+    return outcome
+
+
+def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:
+    """The verifier's verdict on a complete run (degrades when the verifier is not installed)."""
+    try:
+        from ratebench import verify
+    except ImportError:
+        console.print("[yellow]the verifier (ratebench.verify) is not installed: nothing was verified; "
+                      f"run `ratebench verify-bound {run_dir}` once it is[/]")
+        return None, EXIT_OK
+    verdict = verify.verify_run(run_dir)
+    writer = getattr(verify, "write_outputs", None)
+    if writer is not None:
+        writer(run_dir, verdict)
+    passed = getattr(verdict, "passed", None)
+    if passed is None:
+        passed = getattr(verdict, "ok", None)
+    return verdict, (EXIT_OK if passed or passed is None else EXIT_VERDICT_FAILED)

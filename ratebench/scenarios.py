@@ -1,0 +1,344 @@
+"""Scenario implementations: what each kind of a profile sends, phase by phase.
+
+A scenario runs one or more *phases* on the workload driver. Each phase ends in
+one :class:`PhaseRecord` (an entry of ``scenarios.json``, see
+``docs/run-folder.md``) that says which users took part, at which limits, and
+whether their streams were backlogged (always waiting for tokens, so the
+delivery check applies).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import httpx
+
+from ratebench.profiles import ANONYMOUS_USER, Profile, ScenarioSpec
+from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError
+
+# Engine roles: the engine with the limiter on, the same code with it off, stock vLLM.
+ROLE_FEATURE_ON = "patched"
+ROLE_FEATURE_OFF = "feature-off"
+ROLE_STOCK = "stock"
+
+
+def engine_name(role: str, mode: str) -> str:
+    """Engine names in a run: patched-sync, feature-off-sync, stock-async, ..."""
+    return f"{role}-{mode}"
+
+
+def engines_needed(spec: ScenarioSpec) -> list[str]:
+    """The engines a scenario runs on, by name."""
+    names = [engine_name(ROLE_FEATURE_ON, m) for m in spec.scheduling]
+    if spec.kind == "overhead":
+        names += [engine_name(r, m) for m in spec.scheduling for r in (ROLE_FEATURE_OFF, ROLE_STOCK)]
+    return names
+
+
+@dataclass
+class EngineRef:
+    """What a scenario needs to know of a running engine."""
+
+    name: str
+    endpoint: str
+    model: str  # served model name
+    feature: bool
+    kind: str  # "patched" | "stock"
+
+
+@dataclass
+class PhaseRecord:
+    """One entry of scenarios.json."""
+
+    scenario: str
+    kind: str
+    phase: str
+    engine: str
+    start_ns: int
+    end_ns: int
+    users: dict[str, dict[str, Any]]
+    role: str = "measure"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ScenarioContext:
+    profile: Profile
+    spec: ScenarioSpec
+    driver: Driver
+    engines: dict[str, EngineRef]
+    on_phase: Callable[[PhaseRecord], None]  # called as each phase ends
+    model_dir: Path | None = None  # the model folder, when local (for the EOS token id)
+
+    def limit_of(self, engine: EngineRef, user: str | None) -> int | None:
+        return self.profile.limits.limit_of(user) if engine.feature else None
+
+    def room_tokens(self, prompt_tokens: int) -> int:
+        """The most output tokens a prompt of this length leaves room for."""
+        max_len = self.profile.model.max_model_len or 4096
+        return max(1, max_len - prompt_tokens - 1)
+
+    async def phase(self, engine: EngineRef, phase: str, requests: list[StreamRequest],
+                    users: dict[str, dict[str, Any]], *, role: str = "measure", concurrency: int | None = None,
+                    params: dict[str, Any] | None = None,
+                    extra: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> PhaseRecord:
+        pctx = PhaseContext(scenario=self.spec.name, phase=phase, engine=engine.name, endpoint=engine.endpoint,
+                            model=engine.model)
+        limits = {u: self.limit_of(engine, None if u == ANONYMOUS_USER else u) for u in users}
+        start_ns = time.monotonic_ns()
+        record = PhaseRecord(scenario=self.spec.name, kind=self.spec.kind, phase=phase, engine=engine.name,
+                             start_ns=start_ns, end_ns=start_ns, role=role, users={},
+                             params={**self.spec.params, **(params or {})})
+        for user, info in users.items():
+            record.users[user] = {"limit_tps": limits[user], **info}
+        try:
+            await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
+            if extra is not None:
+                record.params.update(await extra())
+        finally:
+            record.end_ns = time.monotonic_ns()
+            self.on_phase(record)
+        return record
+
+
+async def run_scenario(ctx: ScenarioContext) -> None:
+    """Run every phase of one scenario."""
+    await _KINDS[ctx.spec.kind](ctx)
+
+
+# ---- the kinds ---------------------------------------------------------------------
+
+
+async def _streams(ctx: ScenarioContext, engine: EngineRef, user: str | None, n: int, max_tokens: int, salt: str,
+                   *, prompt_tokens: int | None = None, first_index: int = 0, **kw: Any) -> list[StreamRequest]:
+    """``n`` streams of one user, each with its own prompt of an exact token length."""
+    p = ctx.spec.params
+    prompt_tokens = prompt_tokens or p["prompt_tokens"]
+    maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+    out = []
+    for i in range(n):
+        s = f"{salt}-{first_index + i}"
+        if p["api"] == "chat":
+            prompt: list[int] | str = maker.text_prompt(prompt_tokens, s)
+            exact = None
+        else:
+            prompt = await maker.token_prompt(prompt_tokens, s)
+            exact = len(prompt)
+        out.append(StreamRequest(user=user, prompt=prompt, max_tokens=max_tokens, api=p["api"],
+                                 stream_index=first_index + i, prompt_tokens=exact, **kw))
+    return out
+
+
+def _salt(ctx: ScenarioContext, engine: EngineRef, phase: str) -> str:
+    return f"{ctx.driver.run_id} {ctx.spec.name} {engine.name} {phase}"
+
+
+async def seed_experiment(ctx: ScenarioContext) -> None:
+    """The seed's experiment: a low-limit user with 1 then 4 streams beside a higher-limit user."""
+    p = ctx.spec.params
+    for mode in ctx.spec.scheduling:
+        engine = ctx.engines[engine_name(ROLE_FEATURE_ON, mode)]
+        for n in p["streams"]:
+            phase = f"{n}-stream" if n == 1 else f"{n}-streams"
+            salt = _salt(ctx, engine, phase)
+            reqs = await _streams(ctx, engine, p["user"], n, p["max_tokens"], salt + " a")
+            reqs += await _streams(ctx, engine, p["neighbour"], p["neighbour_streams"], p["neighbour_max_tokens"],
+                                   salt + " b")
+            await ctx.phase(engine, phase, reqs, {
+                p["user"]: {"streams": n, "backlogged": True},
+                p["neighbour"]: {"streams": p["neighbour_streams"], "backlogged": True},
+            }, params={"ignore_eos": True, "scheduling": mode})
+
+
+async def isolation(ctx: ScenarioContext) -> None:
+    """A high-limit user alone (baseline), then beside a throttled user with many streams (shared)."""
+    p = ctx.spec.params
+    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    user, throttled = p["user"], p["throttled_user"]
+    solo = await _streams(ctx, engine, user, p["streams"], p["max_tokens"], _salt(ctx, engine, "baseline"))
+    await ctx.phase(engine, "baseline", solo, {user: {"streams": p["streams"], "backlogged": False}},
+                    role="baseline")
+    throttled_tokens = min(ctx.room_tokens(p["prompt_tokens"]), 10 * p["max_tokens"])
+    salt = _salt(ctx, engine, "shared")
+    reqs = await _streams(ctx, engine, throttled, p["throttled_streams"], throttled_tokens, salt + " t",
+                          background=True)
+    reqs += await _streams(ctx, engine, user, p["streams"], p["max_tokens"], salt + " u", delay_s=p["lead_s"],
+                           first_index=p["throttled_streams"])
+    await ctx.phase(engine, "shared", reqs, {
+        throttled: {"streams": p["throttled_streams"], "backlogged": True},
+        user: {"streams": p["streams"], "backlogged": False},
+    }, role="shared", params={"throttled_max_tokens": throttled_tokens})
+
+
+async def cancellation(ctx: ScenarioContext) -> None:
+    """Streams closed mid-answer (after k tokens or t seconds); then new streams of the same user."""
+    p = ctx.spec.params
+    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    user = p["user"]
+    max_tokens = min(p["max_tokens"], ctx.room_tokens(p["prompt_tokens"]))
+    reqs = await _streams(ctx, engine, user, p["streams"], max_tokens, _salt(ctx, engine, "cancel"))
+    for r in reqs:
+        if r.stream_index % 2 == 0:
+            r.cancel_after_tokens = p["cancel_after_tokens"]
+        else:
+            r.cancel_after_s = p["cancel_after_s"]
+    await ctx.phase(engine, "cancel", reqs, {user: {"streams": p["streams"], "backlogged": True}},
+                    params={"max_tokens": max_tokens})
+    await asyncio.sleep(p["settle_s"])
+    follow = await _streams(ctx, engine, user, p["followup_streams"], p["followup_max_tokens"],
+                            _salt(ctx, engine, "followup"))
+    await ctx.phase(engine, "followup", follow, {user: {"streams": p["followup_streams"], "backlogged": True}})
+
+
+async def long_prompt(ctx: ScenarioContext) -> None:
+    """Prompts several times --max-num-batched-tokens, so prefill runs in chunks."""
+    p = ctx.spec.params
+    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    reqs = await _streams(ctx, engine, p["user"], p["streams"], p["max_tokens"], _salt(ctx, engine, "long"))
+    await ctx.phase(engine, "long-prompt", reqs, {p["user"]: {"streams": p["streams"], "backlogged": True}},
+                    params={"max_num_batched_tokens": ctx.profile.engine.max_num_batched_tokens})
+
+
+async def prefix_cache(ctx: ScenarioContext) -> None:
+    """Many requests that share one long prefix: prefix-cache hits."""
+    p = ctx.spec.params
+    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+    salt = _salt(ctx, engine, "prefix")
+    prefix = await maker.token_prompt(p["prefix_tokens"], salt + " shared")
+    reqs = []
+    for i in range(p["requests"]):
+        prompt = prefix + await maker.token_prompt(p["prompt_tokens"], f"{salt} {i}")
+        reqs.append(StreamRequest(user=p["user"], prompt=prompt, max_tokens=p["max_tokens"], stream_index=i,
+                                  prompt_tokens=len(prompt)))
+    before = await prefix_cache_counters(engine.endpoint)
+
+    async def hits() -> dict[str, Any]:
+        after = await prefix_cache_counters(engine.endpoint)
+        return {k: after[k] - before[k] for k in after if k in before}
+
+    await ctx.phase(engine, "prefix-cache", reqs,
+                    {p["user"]: {"streams": p["concurrency"], "backlogged": True}},
+                    concurrency=p["concurrency"], extra=hits)
+
+
+async def eos(ctx: ScenarioContext) -> None:
+    """Short answers that end with a real EOS token (no ignore_eos)."""
+    p = ctx.spec.params
+    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    rng = random.Random(f"{ctx.driver.run_id}-{ctx.spec.name}")
+    extra_params: dict[str, Any] = {}
+    eos_id = None
+    if p["eos_logit_bias"]:
+        eos_id = eos_token_id(ctx.model_dir)
+        extra_params["eos_token_id"] = eos_id
+    reqs = []
+    for i in range(p["requests"]):
+        extra: dict[str, Any] = {}
+        if eos_id is not None:
+            # min_tokens holds EOS back until the chosen length; the bias then makes it come.
+            extra = {"min_tokens": rng.randint(*p["answer_tokens"]) - 1,
+                     "logit_bias": {str(eos_id): float(p["eos_logit_bias"])}}
+        prompt = f"[{ctx.driver.run_id} {i}] {p['question']}"
+        reqs.append(StreamRequest(user=p["user"], prompt=prompt if p["api"] == "chat" else prompt, max_tokens=p["max_tokens"],
+                                  api=p["api"], ignore_eos=False, stream_index=i, extra_body=extra))
+    await ctx.phase(engine, "eos", reqs, {p["user"]: {"streams": p["concurrency"], "backlogged": False}},
+                    concurrency=p["concurrency"], params={"ignore_eos": False, **extra_params})
+
+
+async def anonymous_and_spoofing(ctx: ScenarioContext) -> None:
+    """Requests without output_rate_user share __anonymous__; the OpenAI user field changes nothing."""
+    p = ctx.spec.params
+    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    salt = _salt(ctx, engine, "anonymous")
+    reqs = await _streams(ctx, engine, None, p["streams"], p["max_tokens"], salt + " anon")
+    reqs += await _streams(ctx, engine, None, p["spoof_streams"], p["max_tokens"], salt + " spoof",
+                           openai_user=p["spoof_as"], first_index=p["streams"])
+    await ctx.phase(engine, "anonymous", reqs, {
+        ANONYMOUS_USER: {"streams": p["streams"] + p["spoof_streams"], "backlogged": True},
+    }, params={"openai_user": p["spoof_as"]})
+
+
+async def overhead(ctx: ScenarioContext) -> None:
+    """Limits never reached, feature off and stock vLLM, interleaved: output throughput of each."""
+    p = ctx.spec.params
+    role_names = {ROLE_FEATURE_ON: "feature-on", ROLE_FEATURE_OFF: "feature-off", ROLE_STOCK: "stock"}
+    for mode in ctx.spec.scheduling:
+        for rnd in range(p["rounds"]):
+            # Rotate the order each round so no engine always goes first.
+            order = [ROLE_FEATURE_ON, ROLE_FEATURE_OFF, ROLE_STOCK]
+            order = order[rnd % 3:] + order[: rnd % 3]
+            for role in order:
+                engine = ctx.engines[engine_name(role, mode)]
+                phase = f"{role_names[role]}-{mode}-{rnd + 1}"
+                reqs = await _streams(ctx, engine, p["user"], p["streams"], p["max_tokens"],
+                                      _salt(ctx, engine, phase))
+                rec = await ctx.phase(engine, phase, reqs, {p["user"]: {"streams": p["streams"], "backlogged": False}},
+                                      role=role_names[role], params={"round": rnd + 1, "scheduling": mode})
+                ctx.driver.console.print(f"  overhead {phase}: {throughput_tps(ctx.driver, rec):.0f} tok/s")
+
+
+_KINDS: dict[str, Callable[[ScenarioContext], Awaitable[None]]] = {
+    "seed-experiment": seed_experiment,
+    "isolation": isolation,
+    "cancellation": cancellation,
+    "long-prompt": long_prompt,
+    "prefix-cache": prefix_cache,
+    "eos": eos,
+    "anonymous-and-spoofing": anonymous_and_spoofing,
+    "overhead": overhead,
+}
+
+
+# ---- helpers -----------------------------------------------------------------------
+
+
+def throughput_tps(driver: Driver, phase: PhaseRecord) -> float:
+    """Client-side output tokens per second over a phase."""
+    recs = [r for r in driver.records if r.scenario == phase.scenario and r.phase == phase.phase
+            and r.engine == phase.engine]
+    times = [t for r in recs for t in r.chunk_ns]
+    if len(times) < 2:
+        return 0.0
+    tokens = sum(r.streamed_tokens for r in recs)
+    return tokens / ((max(times) - min(times)) / 1e9)
+
+
+def eos_token_id(model_dir: Path | None) -> int:
+    """The EOS token the model's generation config stops on (its first one)."""
+    if model_dir is None:
+        raise WorkloadError("eos_logit_bias needs a local model folder to find the EOS token id; "
+                            "set eos_logit_bias = 0 for a model that ends answers by itself")
+    for name in ("generation_config.json", "config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if isinstance(value, list) and value:
+                value = value[0]
+            if isinstance(value, int):
+                return value
+    raise WorkloadError(f"{model_dir}: no eos_token_id in generation_config.json or config.json")
+
+
+_METRIC_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)(?:_total)?)\{[^}]*\}\s+([0-9.eE+-]+)$", re.M)
+
+
+async def prefix_cache_counters(endpoint: str) -> dict[str, float]:
+    """vLLM's prefix-cache counters from /metrics (empty when not exported)."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            r = await client.get(f"{endpoint}/metrics")
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for name, value in _METRIC_RE.findall(r.text):
+        key = name.removeprefix("vllm:").removesuffix("_total") + "_tokens"
+        out[key] = out.get(key, 0.0) + float(value)
+    return out
