@@ -274,7 +274,10 @@ def _diff_path(raw: bytes, where: str) -> str | None:
         return None
     if name.startswith(b'"'):
         raise PatchError(f"{where}: quoted file names are not supported ({name.decode(errors='replace')})")
-    text = name.decode("utf-8")
+    try:
+        text = name.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchError(f"{where}: the file name is not UTF-8") from None
     if not (text.startswith("a/") or text.startswith("b/")):
         raise PatchError(
             f"{where}: path {text!r} lacks the a/ or b/ prefix; make diffs with "
@@ -293,6 +296,10 @@ def parse_diff(data: bytes, source: str) -> list[FileDiff]:
     Refused: renames, binary diffs, mode-only changes, ``Only in`` lines (use ``diff -N``),
     hunk counts that disagree with the hunk's lines.
     """
+    if data and not data.endswith(b"\n"):
+        # Its last line would count as "no newline at end of file" in the patched file.
+        raise PatchError(f"{source}: the diff file does not end with a newline (truncated or edited?); "
+                         "regenerate it")
     lines = _split_lines(data)
     result: list[FileDiff] = []
     git_new = git_deleted = False
@@ -431,9 +438,13 @@ def load_series(patch_dir: str | Path | None = None) -> PatchSeries:
     if not series_path.is_file():
         raise PatchError(f"no patch series at {series_path}: the patch folder must hold a `series` file "
                          "naming its diffs, one per line")
-    series_bytes = series_path.read_bytes()
+    series_bytes = _read_patch_file(series_path)
+    try:
+        series_text = series_bytes.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PatchError(f"{series_path} is not UTF-8 text") from None
     names: list[str] = []
-    for line_no, raw in enumerate(series_bytes.decode("utf-8").splitlines(), 1):
+    for line_no, raw in enumerate(series_text.splitlines(), 1):
         name = raw.split("#", 1)[0].strip()
         if not name:
             continue
@@ -452,7 +463,7 @@ def load_series(patch_dir: str | Path | None = None) -> PatchSeries:
         path = patch_dir / name
         if not path.is_file():
             raise PatchError(f"{series_path} names {name!r}, which is not in {patch_dir}")
-        data = path.read_bytes()
+        data = _read_patch_file(path)
         _update_framed(digest, name.encode(), data)
         parsed = parse_diff(data, name)
         if not parsed:
@@ -465,6 +476,13 @@ def load_series(patch_dir: str | Path | None = None) -> PatchSeries:
         file_diffs.extend(parsed)
     return PatchSeries(patch_dir=patch_dir, diff_names=tuple(names), file_diffs=tuple(file_diffs),
                        sha256=digest.hexdigest())
+
+
+def _read_patch_file(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise PatchError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _update_framed(digest: "hashlib._Hash", name: bytes, data: bytes) -> None:
@@ -637,6 +655,8 @@ def _read_target(root: Path, path: str) -> bytes | None:
         return full.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        raise PatchError(f"cannot read {full}: {exc.strerror or exc}") from None
 
 
 def _chain_for(series: PatchSeries, path: str, *, pristine_absent: bool) -> list[FileDiff]:

@@ -247,6 +247,31 @@ def test_any_difflib_diff_applies_and_reverts_exactly(old: list[str], new: list[
     assert apply_file_diff(new_bytes, fd.reversed()) == old_bytes
 
 
+@pytest.mark.skipif(shutil.which("diff") is None, reason="GNU diff is not installed")
+@settings(max_examples=150, deadline=None)
+@given(
+    old=lines_strategy, new=lines_strategy, context=st.integers(min_value=0, max_value=3),
+    old_eol=st.booleans(), new_eol=st.booleans(),
+)
+def test_any_gnu_diff_applies_and_reverts_exactly_with_or_without_final_newline(
+    tmp_path_factory, old: list[str], new: list[str], context: int, old_eol: bool, new_eol: bool
+) -> None:
+    old_bytes = "".join(old).encode()[: None if old_eol or not old else -1]
+    new_bytes = "".join(new).encode()[: None if new_eol or not new else -1]
+    folder = tmp_path_factory.mktemp("gnu")
+    (folder / "old").write_bytes(old_bytes)
+    (folder / "new").write_bytes(new_bytes)
+    done = subprocess.run(
+        ["diff", f"-U{context}", "--label", "a/vllm/x.py", "--label", "b/vllm/x.py", "old", "new"],
+        cwd=folder, capture_output=True,
+    )
+    if done.returncode == 0:
+        return
+    [fd] = parse_diff(done.stdout, "gnu.patch")
+    assert apply_file_diff(old_bytes, fd) == new_bytes
+    assert apply_file_diff(new_bytes, fd.reversed()) == old_bytes
+
+
 # ---- apply, revert, status on the fixture series ---------------------------------------
 
 
@@ -385,6 +410,19 @@ def test_a_failed_write_rolls_back_every_file_already_written(site: Path, monkey
     with pytest.raises(PatchError, match="No space left on device.*every file was put back"):
         operation(site, FIXTURE_PATCH)
     assert tree_hashes(site) == hashes
+
+
+def test_an_unwritable_tree_is_refused_before_any_write(site: Path, monkeypatch) -> None:
+    hashes = tree_hashes(site)
+    monkeypatch.setattr(patching.os, "access", lambda path, mode: False)
+    with pytest.raises(PatchError, match="permission denied; nothing was changed"):
+        patching.apply_patch(site, FIXTURE_PATCH)
+    assert tree_hashes(site) == hashes
+
+
+def test_a_diff_file_cut_short_is_refused() -> None:
+    with pytest.raises(PatchError, match="does not end with a newline"):
+        parse_diff(b"--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+b", "cut.patch")
 
 
 def test_a_failed_deletion_rolls_back_too(site: Path, monkeypatch) -> None:
