@@ -691,7 +691,8 @@ def _survey(root: Path, series: PatchSeries) -> list[_FileSurvey]:
             elif survey.current is None:
                 survey.problem = f"missing (pristine vLLM {SUPPORTED_VLLM_VERSION} has this file)"
             elif want == _ABSENT:
-                survey.problem = "unexpected file present (the patch creates it, and it is not the patched file): delete it"
+                survey.problem = ("unexpected file present (the patch creates it, and it is not "
+                                  "the patched file): delete it")
             else:
                 survey.problem = f"modified (neither pristine vLLM {SUPPORTED_VLLM_VERSION} nor the patched file)"
         surveys.append(survey)

@@ -177,7 +177,9 @@ def test_no_newline_added_and_removed() -> None:
 
 
 def test_misplaced_no_newline_marker_is_refused() -> None:
-    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1,2 @@\n-line 1\n+one\n\\ No newline at end of file\n+two\n")
+    fd = one_diff(
+        "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1,2 @@\n-line 1\n+one\n\\ No newline at end of file\n+two\n"
+    )
     with pytest.raises(PatchError, match="without a newline before its last line"):
         apply_file_diff(b"line 1\n", fd)
 
@@ -501,7 +503,9 @@ def test_patch_sha256_covers_the_series_and_every_diff_byte(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("pristine_has_empty_file", [False, True])
-def test_ambiguous_zero_zero_diff_is_settled_by_the_pristine_tree(tmp_path: Path, pristine_has_empty_file: bool) -> None:
+def test_ambiguous_zero_zero_diff_is_settled_by_the_pristine_tree(
+    tmp_path: Path, pristine_has_empty_file: bool
+) -> None:
     # `--- a/vllm/x.py` without timestamp and `@@ -0,0 +1 @@`: a new file, or lines added
     # to an existing empty one. refresh-hashes records which from the pristine tree.
     root = tmp_path / "site"
@@ -544,7 +548,8 @@ def test_installed_wrong_version_is_refused_naming_both_versions(monkeypatch) ->
         raise patching.importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(patching.importlib.metadata, "version", version)
-    with pytest.raises(PatchError, match=r"installed vLLM .* is version 0\.33\.0; the ratebench patch supports vLLM 0\.32\.0"):
+    refusal = r"installed vLLM .* is version 0\.33\.0; the ratebench patch supports vLLM 0\.32\.0"
+    with pytest.raises(PatchError, match=refusal):
         patching.patch_status(None, FIXTURE_PATCH)
     result = CliRunner().invoke(app, ["patch", "status", "--patch-dir", str(FIXTURE_PATCH)])
     assert result.exit_code == 2
