@@ -1,0 +1,175 @@
+"""Turning the run's figures into checks, each with its figure, threshold and one-line reason."""
+
+from __future__ import annotations
+
+from ratebench.analysis.bound import BoundResult
+from ratebench.analysis.fairness import jain_index
+from ratebench.analysis.load import RunData
+from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
+
+WHOLE = "*"
+
+
+def _bound_check(name: str, scen: str, phase: str, engine: str, user: str, b: BoundResult, what: str,
+                 informational: bool = False) -> Check:
+    w = b.worst
+    tol = f" + step {b.tolerance_ns / 1e6:.1f} ms" if b.tolerance_ns else ""
+    if w is None:
+        return Check(name, scen, phase, engine, user, None, 0, ">=", "tokens", None if informational else True,
+                     f"no {what}")
+    text = (
+        f"worst window {w.window_s:.3f} s on {what}: {w.tokens} tokens, allowed "
+        f"(W + {b.burst_ns / 1e9:g}{tol}) * {b.limit_tps} + 1 = {w.allowed_tokens:.2f}, slack {w.slack_tokens:+.3f}"
+    )
+    return Check(name, scen, phase, engine, user, round(w.slack_tokens, 9), 0, ">=", "tokens",
+                 None if informational else b.passed, text)
+
+
+def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    checks: list[Check] = []
+    # 1. the bound over each engine's whole file
+    for eb in s.engine_bounds:
+        if eb.dispatch is not None:
+            checks.append(_bound_check("bound-dispatch-run", WHOLE, WHOLE, eb.engine, eb.user, eb.dispatch,
+                                       "dispatch events, whole engine file"))
+        if eb.emit is not None:
+            checks.append(_bound_check("bound-emit-run", WHOLE, WHOLE, eb.engine, eb.user, eb.emit,
+                                       "emit events, whole engine file"))
+    for (p_index, user), row in sorted(s.rows.items(), key=lambda kv: kv[0]):
+        ids = (row.scenario, row.phase, row.engine, user)
+        # 1. the bound in the phase
+        if row.bound_dispatch is not None:
+            checks.append(_bound_check("bound-dispatch", *ids, row.bound_dispatch, "dispatch events"))
+        if row.bound_emit is not None:
+            checks.append(_bound_check("bound-emit", *ids, row.bound_emit, "emit events"))
+        if row.bound_client is not None:
+            checks.append(_bound_check("bound-client", *ids, row.bound_client, "client chunks (information only)",
+                                       informational=True))
+        # 2. delivery
+        if row.backlogged and row.limit_tps:
+            checks.append(_delivery(row, th, ids))
+        # 3. rates, for information
+        rate = row.emit_rate or row.client_rate
+        if rate is not None and rate.seed_rate_tps is not None:
+            checks.append(Check("rate-seed", *ids, round(rate.seed_rate_tps, 3), row.limit_tps, "<=", "tok/s", None,
+                                f"{rate.tokens} tokens over {(rate.last_ns - rate.first_ns) / 1e9:.3f} s "
+                                f"({'engine emit' if row.emit_rate else 'client'}), limit {row.limit_tps}"))
+        # 5. reconciliation and cancellations
+        req_checks = s.request_checks.get((p_index, user), [])
+        finished = [c for c in req_checks if not c.cancelled]
+        if finished:
+            bad = [c for c in finished if not c.ok]
+            checks.append(Check("reconciliation", *ids, len(bad), 0, "<=", "requests", not bad,
+                                bad[0].problem + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                                if bad else f"{len(finished)} finished requests: usage = streamed = emitted"))
+        cancelled = [c for c in req_checks if c.cancelled]
+        if cancelled:
+            bad = [c for c in cancelled if not c.ok]
+            worst = max((c.emit_events_after_cancel or 0) for c in cancelled)
+            charged = sum(c.charged_tokens or 0 for c in cancelled)
+            lat = [c.abort_latency_ns for c in cancelled if c.abort_latency_ns is not None]
+            lat_text = f", abort reached the engine within {max(lat) / 1e6:.1f} ms" if lat else ""
+            checks.append(Check("cancellation", *ids, worst, th.cancel_max_steps, "<=", "steps", not bad,
+                                bad[0].problem if bad else
+                                f"{len(cancelled)} cancelled: engine stopped, at most {worst} step(s) after the "
+                                f"cancel, {charged} tokens charged{lat_text}"))
+        # 8. the user's streams take turns
+        if row.stream_spread is not None:
+            ok = row.stream_spread <= th.stream_spread_max
+            checks.append(Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens", ok,
+                                f"largest difference between {row.streams} streams' token counts while all "
+                                f"were active: {row.stream_spread}"))
+    checks.extend(_isolation(run, s, th))
+    checks.extend(_overhead(s, th))
+    checks.extend(_jain(run, s, th))
+    return checks
+
+
+def _delivery(row: UserPhaseSummary, th: Thresholds, ids) -> Check:
+    rate = row.dispatch_rate or row.emit_rate
+    source = "dispatch" if row.dispatch_rate else "emit"
+    if rate is None or rate.steady_rate_tps is None:
+        tokens = rate.tokens if rate else 0
+        return Check("delivery", *ids, None, th.delivery_min, ">=", "x limit", None,
+                     f"{tokens} tokens: too few past the initial burst to measure a steady rate")
+    ratio = rate.steady_rate_tps / row.limit_tps
+    return Check("delivery", *ids, round(ratio, 4), th.delivery_min, ">=", "x limit", ratio >= th.delivery_min,
+                 f"steady {source} rate {rate.steady_rate_tps:.2f} tok/s = {ratio:.3f} x limit {row.limit_tps} "
+                 f"({rate.steady_tokens} tokens beyond the {rate.tokens - rate.steady_tokens}-token burst over "
+                 f"{(rate.last_ns - rate.first_ns) / 1e9:.2f} s)")
+
+
+def _user_rate(row: UserPhaseSummary) -> float | None:
+    rate = row.emit_rate or row.client_rate
+    return rate.seed_rate_tps if rate else None
+
+
+def _p99(row: UserPhaseSummary) -> float | None:
+    g = row.gaps_emit_request or row.gaps_client_request
+    return g.p99_ns if g else None
+
+
+def _isolation(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    out = []
+    for base in (p for p in run.phases if p.role == "baseline"):
+        shared = [p for p in run.phases if p.role == "shared" and p.scenario == base.scenario]
+        same_engine = [p for p in shared if p.engine == base.engine]
+        for sh in same_engine or shared[:1]:
+            for user in base.users:
+                b, x = s.rows.get((base.index, user)), s.rows.get((sh.index, user))
+                if b is None or x is None:
+                    continue
+                ids = (sh.scenario, sh.phase, sh.engine, user)
+                rb, rx = _user_rate(b), _user_rate(x)
+                if rb and rx is not None:
+                    ratio = rx / rb
+                    out.append(Check("isolation-rate", *ids, round(ratio, 4), th.isolation_min, ">=", "x baseline",
+                                     ratio >= th.isolation_min,
+                                     f"rate beside the throttled neighbour {rx:.1f} tok/s vs alone {rb:.1f} tok/s"))
+                gb, gx = _p99(b), _p99(x)
+                if gb and gx is not None:
+                    ratio = gx / gb
+                    passed = None if th.isolation_gap_max is None else ratio <= th.isolation_gap_max
+                    out.append(Check("isolation-gap-p99", *ids, round(ratio, 4), th.isolation_gap_max, "<=",
+                                     "x baseline", passed,
+                                     f"p99 inter-token gap {gx / 1e6:.2f} ms beside the neighbour vs "
+                                     f"{gb / 1e6:.2f} ms alone"))
+    return out
+
+
+def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
+    out = []
+    for o in s.overheads:
+        for pair, ratio in o.ratios.items():
+            if not pair.startswith("feature-on/"):
+                continue
+            overhead = 1 - ratio
+            passed = None if th.max_overhead is None else overhead <= th.max_overhead
+            a, b = pair.split("/")
+            out.append(Check("overhead", o.scenario, pair, "*", None, round(overhead, 4), th.max_overhead, "<=",
+                             "fraction", passed,
+                             f"throughput {a} {o.throughput_tps[a]:.1f} tok/s vs {b} {o.throughput_tps[b]:.1f} tok/s "
+                             f"(ratio {ratio:.3f})"))
+    return out
+
+
+def _jain(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    out = []
+    for p in run.phases:
+        by_limit: dict[int, list[tuple[str, float]]] = {}
+        for (p_index, user), row in s.rows.items():
+            if p_index != p.index or not row.backlogged or not row.limit_tps:
+                continue
+            rate = row.dispatch_rate or row.emit_rate
+            if rate is not None and rate.steady_rate_tps is not None:
+                by_limit.setdefault(row.limit_tps, []).append((user, rate.steady_rate_tps))
+        for limit, pairs in sorted(by_limit.items()):
+            j = jain_index([r for _, r in pairs])
+            if j is None:
+                continue
+            out.append(Check("jain-fairness", p.scenario, p.phase, p.engine, f"{len(pairs)} users at {limit} tok/s",
+                             round(j, 5), th.jain_min, ">=", "index", j >= th.jain_min,
+                             f"Jain's index of steady rates {min(r for _, r in pairs):.1f}.."
+                             f"{max(r for _, r in pairs):.1f} tok/s"))
+    return out

@@ -1,0 +1,218 @@
+"""Loading a run folder (docs/run-folder.md) into plain dataclasses.
+
+The only module of ``ratebench.analysis`` that reads files. Everything it
+refuses raises :class:`RunFolderError` with the file and the reason, which
+``verify-bound`` turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ratebench.events import (
+    ClientRecord,
+    EngineEvents,
+    EventFileError,
+    client_id_of,
+    read_client_records,
+    read_engine_events,
+)
+from ratebench.analysis.segments import time_order
+
+
+class RunFolderError(Exception):
+    """A run folder that cannot be verified: the message names the file and why."""
+
+
+@dataclass
+class UserSpec:
+    limit_tps: int | None
+    streams: int
+    backlogged: bool
+
+
+@dataclass
+class PhaseInfo:
+    """One entry of scenarios.json."""
+
+    index: int
+    scenario: str
+    kind: str
+    phase: str
+    engine: str
+    start_ns: int
+    end_ns: int
+    users: dict[str, UserSpec]
+    role: str
+    params: dict
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.scenario, self.phase, self.engine)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}/{self.phase}@{self.engine}"
+
+
+@dataclass
+class EngineInfo:
+    """One entry of manifest.json's engines."""
+
+    name: str
+    kind: str
+    feature: bool
+    async_scheduling: bool
+    default_tps: int | None
+    user_tps: dict[str, int]
+    events_file: Path | None
+
+    def limit_of(self, user: str) -> int | None:
+        if not self.feature:
+            return None
+        return self.user_tps.get(user, self.default_tps)
+
+
+@dataclass
+class EngineTrace:
+    """One engine's events, time-sorted, with each request code tied to the client side."""
+
+    engine: str
+    events: EngineEvents
+    records: np.ndarray  # RECORD_DTYPE, sorted by time (stable)
+    req_record: np.ndarray  # per string code: index into RunData.records, or -1
+    req_phase: np.ndarray  # per string code: index into RunData.phases, or -1
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    manifest: dict
+    phases: list[PhaseInfo]
+    records: list[ClientRecord]
+    engines: dict[str, EngineInfo]
+    traces: dict[str, EngineTrace]
+    warnings: list[str] = field(default_factory=list)
+
+
+def _read_json(path: Path, what: str):
+    if not path.is_file():
+        raise RunFolderError(f"{path}: missing ({what})")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise RunFolderError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _phase(i: int, entry: dict, path: Path) -> PhaseInfo:
+    try:
+        users = {
+            name: UserSpec(
+                limit_tps=None if u.get("limit_tps") is None else int(u["limit_tps"]),
+                streams=int(u.get("streams", 1)),
+                backlogged=bool(u.get("backlogged", False)),
+            )
+            for name, u in entry["users"].items()
+        }
+        return PhaseInfo(
+            index=i, scenario=str(entry["scenario"]), kind=str(entry.get("kind", "")),
+            phase=str(entry["phase"]), engine=str(entry["engine"]),
+            start_ns=int(entry.get("start_ns") or 0), end_ns=int(entry.get("end_ns") or 0),
+            users=users, role=str(entry.get("role", "measure")), params=dict(entry.get("params") or {}),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RunFolderError(f"{path}: entry {i} is not a scenario phase ({type(exc).__name__}: {exc})") from exc
+
+
+def _engine(name: str, entry: dict, run_dir: Path) -> EngineInfo:
+    ev = entry.get("events_file")
+    return EngineInfo(
+        name=name, kind=str(entry.get("kind", "patched")), feature=bool(entry.get("feature", False)),
+        async_scheduling=bool(entry.get("async_scheduling", False)),
+        default_tps=None if entry.get("default_tps") is None else int(entry["default_tps"]),
+        user_tps={str(k): int(v) for k, v in (entry.get("user_tps") or {}).items()},
+        events_file=(run_dir / ev) if ev else None,
+    )
+
+
+def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
+    """Read manifest.json, scenarios.json, requests.jsonl and every engine event file."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunFolderError(f"{run_dir}: not a directory (expected a run folder from `ratebench run`)")
+    manifest_path = run_dir / "manifest.json"
+    manifest = _read_json(manifest_path, "the run's manifest, written by `ratebench run`")
+    if not isinstance(manifest, dict):
+        raise RunFolderError(f"{manifest_path}: not a JSON object")
+    state = manifest.get("state")
+    if require_complete and state != "complete":
+        why = manifest.get("partial_reason")
+        raise RunFolderError(
+            f"{manifest_path}: run state is {state!r}"
+            + (f" ({why})" if why else "")
+            + "; verify-bound checks only complete runs: rerun `ratebench run`"
+        )
+    try:
+        engines = {n: _engine(n, e, run_dir) for n, e in (manifest.get("engines") or {}).items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise RunFolderError(f"{manifest_path}: engines entry unreadable ({exc})") from exc
+
+    scen_path = run_dir / "scenarios.json"
+    scen = _read_json(scen_path, "the scenario phases, written by `ratebench run`")
+    if not isinstance(scen, list):
+        raise RunFolderError(f"{scen_path}: expected a JSON list of scenario phases")
+    phases = [_phase(i, e, scen_path) for i, e in enumerate(scen)]
+    for p in phases:
+        if p.engine not in engines:
+            raise RunFolderError(f"{scen_path}: phase {p.label} names engine {p.engine!r}, not in manifest.json")
+
+    req_path = run_dir / "requests.jsonl"
+    if not req_path.is_file():
+        raise RunFolderError(f"{req_path}: missing (client records, written by `ratebench run`)")
+    try:
+        records = read_client_records(req_path)
+    except EventFileError as exc:
+        raise RunFolderError(str(exc)) from exc
+
+    run = RunData(run_dir, manifest, phases, records, engines, {})
+    phase_of_key = {p.key: p.index for p in phases}
+    for name, eng in engines.items():
+        if eng.events_file is None:
+            continue
+        if not eng.events_file.is_file():
+            raise RunFolderError(f"{eng.events_file}: missing (engine events of {name!r}, named in manifest.json)")
+        try:
+            events = read_engine_events(eng.events_file)
+        except EventFileError as exc:
+            raise RunFolderError(str(exc)) from exc
+        if events.truncated:
+            run.warnings.append(f"{eng.events_file}: last block truncated; verified the complete blocks")
+        recs = events.records
+        order = time_order(recs["t_ns"])
+        if order is not None:
+            recs = recs[order]
+        run.traces[name] = _trace(name, events, recs, records, phase_of_key)
+        unmatched = int(np.count_nonzero(run.traces[name].req_record[np.unique(recs["req"])] < 0)) if len(recs) else 0
+        if unmatched:
+            run.warnings.append(f"engine {name}: {unmatched} engine requests match no client record")
+    return run
+
+
+def _trace(name: str, events: EngineEvents, recs: np.ndarray, records: list[ClientRecord], phase_of_key) -> EngineTrace:
+    n_codes = len(events.strings)
+    req_record = np.full(n_codes, -1, dtype=np.int64)
+    req_phase = np.full(n_codes, -1, dtype=np.int64)
+    index = {r.client_id: i for i, r in enumerate(records) if r.engine == name}
+    if len(recs):
+        for code in np.flatnonzero(np.bincount(recs["req"], minlength=n_codes)):
+            cid = client_id_of(events.strings[code])
+            i = index.get(cid) if cid else None
+            if i is not None:
+                req_record[code] = i
+                r = records[i]
+                req_phase[code] = phase_of_key.get((r.scenario, r.phase, r.engine), -1)
+    return EngineTrace(name, events, recs, req_record, req_phase)

@@ -1,0 +1,167 @@
+"""completion_tokens reconciliation and cancellations, request by request.
+
+Finished request (not cancelled, no error): ``usage.completion_tokens`` =
+tokens streamed (sum of ``chunk_tokens``) = tokens the engine emitted (sum of
+its emit counts) = the count on its finish event; under ``ignore_eos`` also
+finish_reason "length" and ``= max_tokens``. Exact, no tolerance.
+
+Cancelled request: the engine's finish event says abort (or the request had
+already finished before the cancel), nothing happens for it after its finish
+event, and at most ``cancel_max_steps`` emit events of it come after the
+client's ``cancel_ns`` (each emit event is one engine step of that request).
+The tokens the engine charged it are its dispatch events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH, ClientRecord
+
+NO_TIME = np.iinfo(np.int64).max
+
+
+@dataclass
+class EngineRequestTotals:
+    """Per engine request, indexed by the event file's string code of the request id."""
+
+    emitted: np.ndarray  # tokens: sum of emit counts
+    emit_events: np.ndarray
+    dispatched: np.ndarray  # tokens charged: dispatch events
+    finish_count: np.ndarray  # -1: no finish event
+    finish_reason: np.ndarray  # FINISH_REASONS code, -1: no finish event
+    finish_ns: np.ndarray  # NO_TIME: no finish event
+
+
+def engine_request_totals(records: np.ndarray, n_codes: int) -> EngineRequestTotals:
+    """Vectorized per-request totals of one engine event file (RECORD_DTYPE)."""
+    kind, req = records["kind"], records["req"].astype(np.int64)
+    em = kind == KIND_EMIT
+    emitted = np.bincount(req[em], weights=records["count"][em], minlength=n_codes).astype(np.int64)
+    emit_events = np.bincount(req[em], minlength=n_codes)
+    dispatched = np.bincount(req[kind == KIND_DISPATCH], minlength=n_codes)
+    fin = np.flatnonzero(kind == KIND_FINISH)
+    finish_count = np.full(n_codes, -1, dtype=np.int64)
+    finish_reason = np.full(n_codes, -1, dtype=np.int64)
+    finish_ns = np.full(n_codes, NO_TIME, dtype=np.int64)
+    # the first finish event of a request wins (assigning in reverse order)
+    fin = fin[::-1]
+    finish_count[req[fin]] = records["count"][fin]
+    finish_reason[req[fin]] = records["reason"][fin]
+    finish_ns[req[fin]] = records["t_ns"][fin]
+    return EngineRequestTotals(emitted, emit_events, dispatched, finish_count, finish_reason, finish_ns)
+
+
+def events_after(records: np.ndarray, cutoff_ns: np.ndarray, kinds=(KIND_DISPATCH, KIND_EMIT)):
+    """Per request code: (events, tokens) of the given kinds strictly after ``cutoff_ns[req]``."""
+    n_codes = len(cutoff_ns)
+    sel = np.isin(records["kind"], kinds)
+    req = records["req"][sel].astype(np.int64)
+    late = records["t_ns"][sel] > cutoff_ns[req]
+    n = np.bincount(req[late], minlength=n_codes)
+    tok = np.bincount(req[late], weights=records["count"][sel][late], minlength=n_codes).astype(np.int64)
+    return n, tok
+
+
+@dataclass
+class EngineRequestView:
+    """What one engine file says about one request."""
+
+    emitted: int
+    dispatched: int
+    finish_count: int | None
+    finish_reason: str | None
+    finish_ns: int | None
+    emit_events_after_cancel: int = 0
+    tokens_after_cancel: int = 0
+    events_after_finish: int = 0
+
+
+@dataclass
+class RequestCheck:
+    client_id: str
+    cancelled: bool
+    ok: bool
+    problem: str | None  # one line, the first thing that does not add up
+    completion_tokens: int | None
+    streamed_tokens: int
+    emitted_tokens: int | None
+    charged_tokens: int | None  # dispatch events (cancelled: what the user paid)
+    emit_events_after_cancel: int | None = None
+    abort_latency_ns: int | None = None  # cancel_ns to the engine's finish event
+
+
+def view_of(totals: EngineRequestTotals, code: int, after_cancel=None, after_finish=None) -> EngineRequestView:
+    reason = int(totals.finish_reason[code])
+    return EngineRequestView(
+        emitted=int(totals.emitted[code]),
+        dispatched=int(totals.dispatched[code]),
+        finish_count=int(totals.finish_count[code]) if reason >= 0 else None,
+        finish_reason=FINISH_REASONS.get(reason, f"code {reason}") if reason >= 0 else None,
+        finish_ns=int(totals.finish_ns[code]) if reason >= 0 else None,
+        emit_events_after_cancel=int(after_cancel[0][code]) if after_cancel is not None else 0,
+        tokens_after_cancel=int(after_cancel[1][code]) if after_cancel is not None else 0,
+        events_after_finish=int(after_finish[0][code]) if after_finish is not None else 0,
+    )
+
+
+def reconcile_request(
+    rec: ClientRecord, eng: EngineRequestView | None, *, engine_has_events: bool, cancel_max_steps: int = 1
+) -> RequestCheck | None:
+    """Check one request; None when it is not reconcilable (refused with an error)."""
+    if rec.error is not None or (rec.http_status is not None and rec.http_status != 200):
+        return None
+    streamed = rec.streamed_tokens
+    out = RequestCheck(
+        client_id=rec.client_id, cancelled=rec.cancelled, ok=True, problem=None,
+        completion_tokens=rec.completion_tokens, streamed_tokens=streamed,
+        emitted_tokens=eng.emitted if eng else None, charged_tokens=eng.dispatched if eng else None,
+    )
+
+    def fail(why: str) -> RequestCheck:
+        out.ok, out.problem = False, f"{rec.client_id}: {why}"
+        return out
+
+    if engine_has_events and eng is None:
+        return fail("no engine events for this request")
+    if eng is not None and eng.events_after_finish:
+        return fail(f"{eng.events_after_finish} engine events after its finish event")
+    if rec.cancelled:
+        if eng is None:
+            return out
+        if eng.finish_reason is None:
+            return fail("cancelled, but the engine never finished it")
+        cancel_ns = rec.cancel_ns if rec.cancel_ns is not None else rec.done_ns
+        out.emit_events_after_cancel = eng.emit_events_after_cancel
+        if eng.finish_ns is not None and cancel_ns is not None:
+            out.abort_latency_ns = eng.finish_ns - cancel_ns
+        finished_before = eng.finish_ns is not None and cancel_ns is not None and eng.finish_ns <= cancel_ns
+        if eng.finish_reason != "abort" and not finished_before:
+            return fail(f"cancelled, but the engine finished it with {eng.finish_reason!r}, not 'abort'")
+        if eng.emit_events_after_cancel > cancel_max_steps:
+            return fail(
+                f"engine emitted {eng.emit_events_after_cancel} steps ({eng.tokens_after_cancel} tokens) "
+                f"after the cancel; at most {cancel_max_steps} allowed"
+            )
+        if eng.finish_count is not None and eng.finish_count != eng.emitted:
+            return fail(f"finish event counts {eng.finish_count} tokens, emit events {eng.emitted}")
+        return out
+    if rec.completion_tokens is None:
+        return fail("no final usage.completion_tokens")
+    if rec.completion_tokens != streamed:
+        return fail(f"usage.completion_tokens {rec.completion_tokens} != {streamed} tokens streamed")
+    if eng is not None:
+        if eng.emitted != streamed:
+            return fail(f"engine emitted {eng.emitted} tokens, client streamed {streamed}")
+        if eng.finish_count is None:
+            return fail("no engine finish event")
+        if eng.finish_count != eng.emitted:
+            return fail(f"finish event counts {eng.finish_count} tokens, emit events {eng.emitted}")
+    if rec.ignore_eos:
+        if rec.finish_reason != "length":
+            return fail(f"ignore_eos but finish_reason {rec.finish_reason!r}, not 'length'")
+        if rec.completion_tokens != rec.max_tokens:
+            return fail(f"ignore_eos: {rec.completion_tokens} tokens, max_tokens {rec.max_tokens}")
+    return out

@@ -1,0 +1,118 @@
+"""The verdict: plain dataclasses that every output format renders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ratebench.analysis.bound import BURST_NS, BoundResult
+from ratebench.analysis.gaps import GapStats
+from ratebench.analysis.rates import RateFigures
+from ratebench.analysis.steps import EngineStep
+
+
+@dataclass
+class Thresholds:
+    """Every threshold a check uses; each is a command-line option of verify-bound."""
+
+    delivery_min: float = 0.97  # backlogged user's steady rate / N
+    isolation_min: float = 0.9  # unthrottled user's rate shared / baseline
+    isolation_gap_max: float | None = None  # its p99 gap shared / baseline (None: report only)
+    max_overhead: float | None = None  # 1 - throughput(feature-on) / throughput(other) (None: report only)
+    cancel_max_steps: int = 1  # emit events of a cancelled request after the cancel
+    stream_spread_max: int = 2  # tokens between one user's streams while all are active
+    jain_min: float = 0.95  # Jain's index across backlogged users with equal limits
+    burst_ns: int = BURST_NS
+
+
+@dataclass
+class Check:
+    """One check: its figure beside its threshold, and why it passed or failed."""
+
+    name: str
+    scenario: str  # "*" for checks over a whole engine file
+    phase: str
+    engine: str
+    user: str | None
+    figure: float | int | None
+    threshold: float | int | None
+    op: str  # how figure compares with threshold: ">=", "<=", "=="
+    unit: str
+    passed: bool | None  # None: informational
+    explanation: str
+
+    @property
+    def status(self) -> str:
+        return "info" if self.passed is None else ("pass" if self.passed else "fail")
+
+
+@dataclass
+class UserPhaseSummary:
+    """One user in one scenario phase: the table row of every report."""
+
+    scenario: str
+    phase: str
+    engine: str
+    user: str
+    role: str
+    kind: str
+    limit_tps: int | None
+    streams: int
+    backlogged: bool
+    requests: int
+    dispatch_rate: RateFigures | None = None
+    emit_rate: RateFigures | None = None
+    client_rate: RateFigures | None = None
+    bound_dispatch: BoundResult | None = None
+    bound_emit: BoundResult | None = None
+    bound_client: BoundResult | None = None  # information only
+    gaps_emit_request: GapStats | None = None
+    gaps_emit_user: GapStats | None = None
+    gaps_client_request: GapStats | None = None
+    gaps_client_user: GapStats | None = None
+    stream_spread: int | None = None
+    streamed_tokens: int = 0
+    cancelled: int = 0
+    cancelled_charged_tokens: int = 0
+    passed: bool = True
+
+
+@dataclass
+class EngineUserBound:
+    """The bound over one engine's whole event file for one user (limiter state spans phases)."""
+
+    engine: str
+    user: str
+    limit_tps: int
+    dispatch: BoundResult | None
+    emit: BoundResult | None
+
+
+@dataclass
+class OverheadSummary:
+    scenario: str
+    throughput_tps: dict[str, float]  # role -> total tokens / summed span
+    tokens: dict[str, int]
+    ratios: dict[str, float]  # "feature-on/feature-off", ...
+
+
+@dataclass
+class Verdict:
+    run_dir: str
+    run_id: str | None
+    profile_name: str | None
+    manifest_summary: dict
+    thresholds: Thresholds
+    engine_steps: dict[str, EngineStep]
+    rows: list[UserPhaseSummary]
+    engine_bounds: list[EngineUserBound]
+    overheads: list[OverheadSummary]
+    checks: list[Check]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.passed is False]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures

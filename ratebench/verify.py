@@ -1,0 +1,101 @@
+"""verify-bound: re-check a run folder from its files alone and write the verdict.
+
+``verify_run`` is what both ``ratebench verify-bound`` and the end of
+``ratebench run`` call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ratebench.analysis.checks import build_checks
+from ratebench.analysis.load import RunData, RunFolderError, load_run
+from ratebench.analysis.summary import summarize_run
+from ratebench.analysis.verdict import Thresholds, Verdict
+
+__all__ = ["RunFolderError", "VerifyResult", "verify_run", "write_outputs"]
+
+
+@dataclass
+class VerifyResult:
+    verdict: Verdict
+    run: RunData
+    stage_s: dict[str, float] = field(default_factory=dict)  # wall time per stage
+    written: list[Path] = field(default_factory=list)
+
+
+def _manifest_summary(m: dict) -> dict:
+    keys = ("run_id", "profile_name", "state", "ratebench_version", "vllm_version", "git_commit",
+            "patch_sha256", "python", "started_unix_s", "ended_unix_s", "machine")
+    out = {k: m.get(k) for k in keys if k in m}
+    out["engines"] = {
+        n: {k: e.get(k) for k in ("kind", "feature", "async_scheduling", "default_tps", "user_tps", "flags")}
+        for n, e in (m.get("engines") or {}).items()
+    }
+    return out
+
+
+def analyse_run(run_dir: str | Path, thresholds: Thresholds | None = None) -> VerifyResult:
+    """Load and check a run folder; writes nothing. Raises RunFolderError for unusable input."""
+    th = thresholds or Thresholds()
+    stages: dict[str, float] = {}
+    t0 = time.perf_counter()
+    run = load_run(run_dir)
+    stages["load"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    summary = summarize_run(run, th)
+    stages["analyse"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    checks = build_checks(run, summary, th)
+    rows = [summary.rows[k] for k in sorted(summary.rows, key=lambda k: (k[0], k[1]))]
+    failed = {(c.scenario, c.phase, c.engine, c.user) for c in checks if c.passed is False}
+    for r in rows:
+        r.passed = (r.scenario, r.phase, r.engine, r.user) not in failed
+    verdict = Verdict(
+        run_dir=str(run.run_dir), run_id=run.manifest.get("run_id"), profile_name=run.manifest.get("profile_name"),
+        manifest_summary=_manifest_summary(run.manifest), thresholds=th, engine_steps=summary.engine_steps,
+        rows=rows, engine_bounds=summary.engine_bounds, overheads=summary.overheads, checks=checks,
+        warnings=run.warnings + summary.warnings,
+    )
+    stages["checks"] = time.perf_counter() - t2
+    return VerifyResult(verdict, run, stages)
+
+
+def write_outputs(result: VerifyResult, *, plots: bool = True, max_plot_users: int = 8) -> list[Path]:
+    """Write verdict.json, report.md and plots/*.png into the run folder."""
+    from ratebench.outputs import json as json_out
+    from ratebench.outputs import markdown
+
+    run_dir = result.run.run_dir
+    written: list[Path] = []
+    t0 = time.perf_counter()
+    plot_paths: list[Path] = []
+    if plots:
+        from ratebench.outputs import plots as plots_out
+
+        plot_paths = plots_out.write_plots(result.run, result.verdict, run_dir / "plots", max_users=max_plot_users)
+        written += plot_paths
+    result.stage_s["plots"] = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    written.append(json_out.write_verdict(result.verdict, run_dir / "verdict.json"))
+    written.append(markdown.write_report(result.verdict, run_dir / "report.md", plot_paths))
+    result.stage_s["write"] = time.perf_counter() - t1
+    result.written = written
+    return written
+
+
+def verify_run(
+    run_dir: str | Path,
+    thresholds: Thresholds | None = None,
+    *,
+    write: bool = True,
+    plots: bool = True,
+    max_plot_users: int = 8,
+) -> Verdict:
+    """Check a run folder and (by default) write its verdict, report and plots into it."""
+    result = analyse_run(run_dir, thresholds)
+    if write:
+        write_outputs(result, plots=plots, max_plot_users=max_plot_users)
+    return result.verdict
