@@ -81,6 +81,7 @@ def patch_apply(site_packages: _SitePackagesOption = None, patch_dir: _PatchDirO
         _patch_out.print(f"  wrote   {_escape(path)}")
     for path in result.deleted:
         _patch_out.print(f"  deleted {_escape(path)}")
+    _patch_out.print("vLLM servers already running keep the old code until restarted")
 
 
 @patch_app.command("check")
@@ -115,6 +116,7 @@ def patch_revert(site_packages: _SitePackagesOption = None, patch_dir: _PatchDir
         _patch_out.print(f"  restored {_escape(path)}")
     for path in result.deleted:
         _patch_out.print(f"  deleted  {_escape(path)}")
+    _patch_out.print("vLLM servers already running keep the old code until restarted")
 
 
 _PATCH_STATE_STYLE = {"pristine": "yellow", "patched": "green", "modified": "bold red"}

