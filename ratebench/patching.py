@@ -227,6 +227,8 @@ def vllm_version_in_tree(root: Path) -> str:
             if match:
                 return match.group(1)
     if not (root / "vllm").is_dir():
+        if root.name == "vllm" and (root / "__init__.py").is_file():
+            raise PatchError(f"{root} is the vllm package itself: name the folder that holds it ({root.parent})")
         raise PatchError(f"{root} holds no vllm/ folder: name the site-packages folder that contains vllm/")
     raise PatchError(f"cannot tell the vLLM version of {root / 'vllm'}: no __version__ in _version.py or version.py")
 

@@ -393,9 +393,12 @@ def test_wrong_vllm_version_is_refused(site: Path) -> None:
     assert tree_hashes(site) == hashes
 
 
-def test_a_tree_without_vllm_is_refused(tmp_path: Path) -> None:
+def test_a_tree_without_vllm_is_refused(tmp_path: Path, site: Path) -> None:
     with pytest.raises(PatchError, match="holds no vllm/ folder"):
         patching.patch_status(tmp_path, FIXTURE_PATCH)
+    (site / "vllm" / "__init__.py").write_text("")
+    with pytest.raises(PatchError, match=f"is the vllm package itself: name the folder that holds it \\({site}\\)"):
+        patching.patch_status(site / "vllm", FIXTURE_PATCH)
 
 
 @pytest.mark.parametrize("action", ["apply", "revert"])
