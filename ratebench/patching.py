@@ -819,12 +819,12 @@ def _write_all(root: Path, changes: dict[str, bytes | None], originals: dict[str
         if not os.access(existing, os.W_OK):
             raise PatchError(f"cannot write in {existing}: permission denied; nothing was changed. Run as a "
                              "user who may write to this site-packages folder, or use a virtual environment")
-    done: list[tuple[str, list[Path]]] = []  # (path, folders created for it)
+    done: list[tuple[str, list[Path], int | None]] = []  # (path, folders created for it, its mode)
     try:
         for path, content in sorted(changes.items()):
             full = root / path
             created_dirs = [p for p in reversed([full.parent, *full.parent.parents]) if not p.exists()]
-            done.append((path, created_dirs))
+            done.append((path, created_dirs, _mode_of(full)))
             if content is None:
                 full.unlink()
             else:
@@ -833,8 +833,10 @@ def _write_all(root: Path, changes: dict[str, bytes | None], originals: dict[str
                 old_mtime_s = int(full.stat().st_mtime) if full.exists() else None
                 _write_file_atomically(full, content, mode=_mode_of(full))
                 _ensure_new_mtime(full, old_mtime_s)
-    except Exception as exc:
+    except BaseException as exc:  # Ctrl-C included: never leave a half-patched tree
         failures = _roll_back(root, done, originals)
+        if not isinstance(exc, Exception):
+            raise
         failed_path = done[-1][0] if done else "?"
         if failures:
             raise PatchError(
@@ -845,9 +847,11 @@ def _write_all(root: Path, changes: dict[str, bytes | None], originals: dict[str
         raise PatchError(f"writing {root / failed_path} failed ({exc}); every file was put back as it was") from exc
 
 
-def _roll_back(root: Path, done: list[tuple[str, list[Path]]], originals: dict[str, bytes | None]) -> list[str]:
+def _roll_back(
+    root: Path, done: list[tuple[str, list[Path], int | None]], originals: dict[str, bytes | None]
+) -> list[str]:
     failures = []
-    for path, created_dirs in reversed(done):
+    for path, created_dirs, mode in reversed(done):
         full = root / path
         try:
             original = originals[path]
@@ -858,7 +862,7 @@ def _roll_back(root: Path, done: list[tuple[str, list[Path]]], originals: dict[s
                         folder.rmdir()
             elif not full.exists() or full.read_bytes() != original:
                 old_mtime_s = int(full.stat().st_mtime) if full.exists() else None
-                _write_file_atomically(full, original, mode=_mode_of(full))
+                _write_file_atomically(full, original, mode=mode)
                 _ensure_new_mtime(full, old_mtime_s)
         except Exception as exc:  # noqa: BLE001 - keep rolling back the others
             failures.append(f"{path} ({exc})")

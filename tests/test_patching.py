@@ -435,6 +435,26 @@ def test_a_diff_file_cut_short_is_refused() -> None:
         parse_diff(b"--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1 +1 @@\n-a\n+b", "cut.patch")
 
 
+def test_ctrl_c_during_the_writes_rolls_back_and_keeps_modes(site: Path, monkeypatch) -> None:
+    patching.apply_patch(site, FIXTURE_PATCH)
+    (site / "vllm" / "events.py").chmod(0o600)
+    hashes = tree_hashes(site)
+    real_write = patching._write_file_atomically
+    calls = []
+
+    def interrupted_write(path: Path, data: bytes, *, mode):
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_write(path, data, mode=mode)
+
+    monkeypatch.setattr(patching, "_write_file_atomically", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):
+        patching.revert_patch(site, FIXTURE_PATCH)  # deletes events.py first, then fails
+    assert tree_hashes(site) == hashes
+    assert (site / "vllm" / "events.py").stat().st_mode & 0o777 == 0o600
+
+
 def test_a_failed_deletion_rolls_back_too(site: Path, monkeypatch) -> None:
     hashes = tree_hashes(site)
     real_unlink = Path.unlink
