@@ -254,6 +254,100 @@ def run_cmd(
 # ---- verify-bound / compare ----------------------------------------------------------
 # (section owned by ratebench/analysis/, ratebench/outputs/)
 
+from pathlib import Path as _VPath  # noqa: E402
+from typing import Annotated as _VAnnotated  # noqa: E402
+
+_EXIT_VERIFY_FAILED = 1
+_EXIT_VERIFY_UNUSABLE = 2
+
+
+def _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
+                stream_spread_max, jain_min):
+    from ratebench.analysis import Thresholds
+
+    return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
+                      max_overhead=max_overhead, cancel_max_steps=cancel_max_steps,
+                      stream_spread_max=stream_spread_max, jain_min=jain_min)
+
+
+_OPT_DELIVERY = typer.Option("--delivery-min", help="backlogged user's steady rate, at least this x its limit")
+_OPT_ISOLATION = typer.Option("--isolation-min", help="unthrottled user's rate beside a throttled one, x alone")
+_OPT_ISO_GAP = typer.Option("--isolation-gap-max", help="its p99 gap beside a throttled one, at most x alone "
+                                                         "(default: report only)")
+_OPT_OVERHEAD = typer.Option("--max-overhead", help="fail when 1 - throughput(feature-on)/throughput(off or stock) "
+                                                     "exceeds this (default: report only)")
+_OPT_CANCEL = typer.Option("--cancel-max-steps", help="emit events of a cancelled request after the cancel")
+_OPT_SPREAD = typer.Option("--stream-spread-max", help="tokens between one user's streams while all are active")
+_OPT_JAIN = typer.Option("--jain-min", help="Jain's index across backlogged users with equal limits")
+
+
+@app.command("verify-bound")
+def verify_bound_cmd(
+    run_dir: _VAnnotated[_VPath, typer.Argument(help="a run folder written by `ratebench run`")],
+    delivery_min: _VAnnotated[float, _OPT_DELIVERY] = 0.97,
+    isolation_min: _VAnnotated[float, _OPT_ISOLATION] = 0.9,
+    isolation_gap_max: _VAnnotated[float | None, _OPT_ISO_GAP] = None,
+    max_overhead: _VAnnotated[float | None, _OPT_OVERHEAD] = None,
+    cancel_max_steps: _VAnnotated[int, _OPT_CANCEL] = 1,
+    stream_spread_max: _VAnnotated[int, _OPT_SPREAD] = 2,
+    jain_min: _VAnnotated[float, _OPT_JAIN] = 0.95,
+    plots: _VAnnotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
+    max_plot_users: _VAnnotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
+) -> None:
+    """Re-check a run folder from its files alone; write verdict.json, report.md, plots/.
+
+    Exit 0: every check passed; 1: a check failed; 2: the run folder is unusable.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ratebench.outputs.console import print_verdict
+    from ratebench.verify import RunFolderError, analyse_run, write_result
+
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
+    th = _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
+                     stream_spread_max, jain_min)
+    try:
+        result = analyse_run(run_dir, th)
+    except RunFolderError as exc:
+        err.print(f"[bold red]unusable run folder:[/] {escape(str(exc))}")
+        raise typer.Exit(_EXIT_VERIFY_UNUSABLE) from None
+    written = write_result(result, plots=plots, max_plot_users=max_plot_users)
+    print_verdict(result.verdict)
+    err.print(f"wrote {len(written)} files into {run_dir} (verdict.json, report.md, plots/)")
+    raise typer.Exit(0 if result.verdict.passed else _EXIT_VERIFY_FAILED)
+
+
+@app.command("compare")
+def compare_cmd(
+    run_a: _VAnnotated[_VPath, typer.Argument(help="run folder A (the reference)")],
+    run_b: _VAnnotated[_VPath, typer.Argument(help="run folder B (ratios are B/A)")],
+    out: _VAnnotated[_VPath, typer.Option("--out", "-o", help="folder for compare.md")] = _VPath("."),
+) -> None:
+    """Put two runs' figures side by side with ratios B/A; writes OUT/compare.md.
+
+    Exit 0 when both runs could be read (whatever their verdicts), 2 when one is unusable.
+    """
+    from rich.console import Console
+    from rich.markup import escape
+
+    from ratebench.analysis.compare import compare_verdicts
+    from ratebench.outputs.console import print_comparison
+    from ratebench.outputs.markdown import write_comparison
+    from ratebench.verify import RunFolderError, analyse_run
+
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
+    try:
+        a = analyse_run(run_a).verdict
+        b = analyse_run(run_b).verdict
+    except RunFolderError as exc:
+        err.print(f"[bold red]unusable run folder:[/] {escape(str(exc))}")
+        raise typer.Exit(_EXIT_VERIFY_UNUSABLE) from None
+    comparison = compare_verdicts(a, b)
+    print_comparison(comparison)
+    path = write_comparison(comparison, out / "compare.md")
+    err.print(f"wrote {path}")
+
 # ---- profile-scheduler -----------------------------------------------------------------
 # (section owned by ratebench/profiling.py)
 

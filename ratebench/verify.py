@@ -15,7 +15,7 @@ from ratebench.analysis.load import RunData, RunFolderError, load_run
 from ratebench.analysis.summary import summarize_run
 from ratebench.analysis.verdict import Thresholds, Verdict
 
-__all__ = ["RunFolderError", "VerifyResult", "verify_run", "write_outputs"]
+__all__ = ["RunFolderError", "VerifyResult", "analyse_run", "verify_run", "write_result"]
 
 
 @dataclass
@@ -63,7 +63,7 @@ def analyse_run(run_dir: str | Path, thresholds: Thresholds | None = None) -> Ve
     return VerifyResult(verdict, run, stages)
 
 
-def write_outputs(result: VerifyResult, *, plots: bool = True, max_plot_users: int = 8) -> list[Path]:
+def write_result(result: VerifyResult, *, plots: bool = True, max_plot_users: int = 8) -> list[Path]:
     """Write verdict.json, report.md and plots/*.png into the run folder."""
     from ratebench.outputs import json as json_out
     from ratebench.outputs import markdown
@@ -97,5 +97,5 @@ def verify_run(
     """Check a run folder and (by default) write its verdict, report and plots into it."""
     result = analyse_run(run_dir, thresholds)
     if write:
-        write_outputs(result, plots=plots, max_plot_users=max_plot_users)
+        write_result(result, plots=plots, max_plot_users=max_plot_users)
     return result.verdict

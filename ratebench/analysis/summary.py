@@ -24,6 +24,7 @@ from ratebench.analysis.reconcile import (
     view_of,
 )
 from ratebench.analysis.segments import group_by
+from ratebench.analysis.series import request_streams
 from ratebench.analysis.steps import EngineStep, estimate_engine_step
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, Thresholds, UserPhaseSummary
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
@@ -111,10 +112,8 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
                 EngineUserBound(name, strings[c], int(limits[c]), whole_d.get(c), whole_e.get(c))
             )
 
-    req_stream = np.full(n_codes, -1, dtype=np.int64)
+    req_stream = request_streams(run, trace)
     has = trace.req_record >= 0
-    if has.any():
-        req_stream[has] = [run.records[i].stream_index for i in trace.req_record[has]]
 
     # per phase and user
     for t_all, req_all, user_all, c_all, is_emit in (

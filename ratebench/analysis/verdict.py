@@ -116,3 +116,14 @@ class Verdict:
     @property
     def passed(self) -> bool:
         return not self.failures
+
+    def summary(self) -> str:
+        """A few plain lines: the outcome and each failure in one line."""
+        n_info = sum(c.passed is None for c in self.checks)
+        n = len(self.checks) - n_info
+        lines = [f"verdict: {'PASS' if self.passed else 'FAIL'}: {n - len(self.failures)} of {n} checks passed "
+                 f"({n_info} informational); report: {self.run_dir}/report.md"]
+        for c in self.failures:
+            who = f" {c.user}" if c.user else ""
+            lines.append(f"FAIL {c.name} {c.scenario}/{c.phase}@{c.engine}{who}: {c.explanation}")
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Outputs of the verifier, one module per format: json, markdown, plots, console."""
