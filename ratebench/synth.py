@@ -128,6 +128,8 @@ class SimPhase:
     users: dict[str, dict]  # user -> {"limit_tps", "streams", "backlogged"}
     requests: list[SimRequest]
     params: dict = field(default_factory=dict)
+    step_ns: int | None = None  # this phase's engine step, when not the engine's (a slowed-down engine)
+    reset_limiter: bool = False  # a broken engine that forgets every user's state when this phase starts
 
 
 @dataclass
@@ -157,7 +159,7 @@ class SimEngine:
 def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
                    client_delay_ns: int = 1_000_000) -> tuple[list[ClientRecord], int, int]:
     """Run one phase on the simulated engine; returns client records and the phase span."""
-    if engine._limiter is None:
+    if engine._limiter is None or phase.reset_limiter:
         engine._limiter = (make_limiter(engine.limiter, engine.user_tps, engine.default_tps or 1)
                            if engine.feature else NeverThrottle())
     limiter = engine._limiter
@@ -201,7 +203,7 @@ def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
                 q["dispatched"] += 1
                 last_served[q["user"]] = reqs.index(q)
                 scheduled.append(q)
-        step = int(engine.step_ns * rng.uniform(0.8, 1.2))
+        step = int((phase.step_ns or engine.step_ns) * rng.uniform(0.8, 1.2))
         t_emit = now + step - 1000
         for q in scheduled:
             q["pending"] += 1

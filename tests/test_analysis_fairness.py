@@ -1,0 +1,36 @@
+"""Streams of one user take turns; equal limits get equal rates."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ratebench.analysis import jain_index, stream_spread
+
+
+def test_streams_taking_turns_have_a_spread_of_one():
+    t = np.arange(40)
+    assert stream_spread(t, t % 4) == 1
+
+
+def test_a_starved_stream_shows_in_the_spread():
+    t = np.arange(40)
+    stream = np.where(t % 4 == 3, 3, t % 3)  # stream 3 gets a quarter, others a quarter each...
+    stream[4:30] = np.arange(4, 30) % 2  # ...then streams 0 and 1 take everything for a while
+    assert stream_spread(t, stream) >= 10
+
+
+def test_counts_start_when_the_last_stream_starts():
+    # stream 0 runs alone for 10 tokens, then both alternate: spread counted from then is 1
+    t = np.arange(30)
+    stream = np.concatenate([np.zeros(10, int), np.arange(20) % 2])
+    assert stream_spread(t, stream) == 1
+
+
+def test_single_stream_has_no_spread():
+    assert stream_spread(np.arange(5), np.zeros(5)) is None
+
+
+def test_jain_index():
+    assert jain_index([20, 20, 20]) == 1.0
+    assert abs(jain_index([10, 30]) - 0.8) < 1e-12
+    assert jain_index([5]) is None

@@ -1,0 +1,84 @@
+"""completion_tokens reconciliation: exact, request by request; cancelled streams stop."""
+
+from __future__ import annotations
+
+from ratebench.analysis import EngineRequestView, reconcile_request
+from ratebench.events import ClientRecord
+
+
+def record(**kw) -> ClientRecord:
+    base = dict(client_id="rb-1-1", scenario="s", phase="p", engine="e", user="u", api="completions",
+                stream_index=0, max_tokens=3, ignore_eos=True, chunk_ns=[1, 2, 3], chunk_tokens=[1, 1, 1],
+                completion_tokens=3, finish_reason="length", http_status=200)
+    base.update(kw)
+    return ClientRecord(**base)
+
+
+def engine(**kw) -> EngineRequestView:
+    base = dict(emitted=3, dispatched=3, finish_count=3, finish_reason="length", finish_ns=3)
+    base.update(kw)
+    return EngineRequestView(**base)
+
+
+def check(rec, eng, **kw):
+    return reconcile_request(rec, eng, engine_has_events=eng is not None, **kw)
+
+
+def test_usage_streamed_and_emitted_agree():
+    assert check(record(), engine()).ok
+
+
+def test_wrong_completion_tokens_is_caught():
+    c = check(record(completion_tokens=4), engine())
+    assert not c.ok and "usage.completion_tokens 4 != 3 tokens streamed" in c.problem
+
+
+def test_engine_emitting_more_than_the_client_saw_is_caught():
+    c = check(record(), engine(emitted=4, finish_count=4))
+    assert not c.ok and "engine emitted 4" in c.problem
+
+
+def test_finish_count_must_equal_emitted():
+    assert not check(record(), engine(finish_count=2)).ok
+
+
+def test_ignore_eos_answer_must_be_complete():
+    c = check(record(max_tokens=5), engine())
+    assert not c.ok and "max_tokens 5" in c.problem
+    assert not check(record(finish_reason="stop"), engine()).ok
+
+
+def test_real_eos_may_stop_early():
+    assert check(record(ignore_eos=False, max_tokens=10, finish_reason="stop"), engine(finish_reason="stop")).ok
+
+
+def test_missing_final_usage_is_caught():
+    assert not check(record(completion_tokens=None), engine()).ok
+
+
+def test_refused_request_is_not_reconciled():
+    assert check(record(error="HTTP 400", http_status=400, chunk_ns=[], chunk_tokens=[]), None) is None
+
+
+def test_cancelled_stream_that_engine_aborted_within_one_step_passes():
+    rec = record(cancelled=True, cancel_ns=2, completion_tokens=None, finish_reason=None)
+    c = check(rec, engine(emitted=3, dispatched=4, finish_count=3, finish_reason="abort", finish_ns=5,
+                          emit_events_after_cancel=1, tokens_after_cancel=1))
+    assert c.ok and c.charged_tokens == 4 and c.abort_latency_ns == 3
+
+
+def test_cancelled_stream_that_kept_generating_fails():
+    rec = record(cancelled=True, cancel_ns=2, completion_tokens=None, finish_reason=None)
+    c = check(rec, engine(emitted=9, finish_count=9, finish_reason="abort", finish_ns=50,
+                          emit_events_after_cancel=6, tokens_after_cancel=6))
+    assert not c.ok and "after the cancel" in c.problem
+
+
+def test_cancelled_stream_must_be_aborted_not_finished_normally_afterwards():
+    rec = record(cancelled=True, cancel_ns=2, completion_tokens=None, finish_reason=None)
+    assert not check(rec, engine(finish_ns=10)).ok
+    assert check(rec, engine(finish_ns=1)).ok  # it had finished before the cancel
+
+
+def test_events_after_the_finish_event_fail():
+    assert not check(record(), engine(events_after_finish=1)).ok

@@ -1,0 +1,154 @@
+"""verify-bound on synthetic run folders: exit codes, outputs, and broken limiters caught by the right check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ratebench.cli import app
+from ratebench.synth import SimEngine, SimPhase, SimRequest, standard_run, write_run_folder
+from ratebench.verify import analyse_run, verify_run
+from synthetic_runs import edit_client_records, edit_manifest, one_phase_run
+
+runner = CliRunner()
+
+
+def verify_cli(run_dir, *args):
+    return runner.invoke(app, ["verify-bound", str(run_dir), "--no-plots", *args])
+
+
+def failed_check_names(run_dir) -> set[str]:
+    return {c.name for c in analyse_run(run_dir).verdict.failures}
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    return standard_run(tmp_path_factory.mktemp("good") / "run")
+
+
+def test_correct_gcra_run_passes_every_check_and_exits_0(good_run):
+    result = verify_cli(good_run)
+    assert result.exit_code == 0, result.output
+    assert "PASS" in result.output
+    verdict = json.loads((good_run / "verdict.json").read_text())
+    assert verdict["passed"] is True
+    names = {c["name"] for c in verdict["checks"]}
+    assert {"bound-dispatch", "bound-emit", "bound-dispatch-run", "delivery", "reconciliation", "cancellation",
+            "isolation-rate", "overhead", "stream-fairness", "rate-seed"} <= names
+    for c in verdict["checks"]:
+        assert {"name", "scenario", "phase", "engine", "user", "figure", "threshold", "passed", "explanation"} <= set(c)
+    assert (good_run / "report.md").read_text().startswith("# ratebench verdict: PASS")
+
+
+def test_plots_are_written_and_embedded_in_the_report(tmp_path):
+    run = one_phase_run(tmp_path / "run", streams=3)
+    verify_run(run)
+    pngs = sorted(p.name for p in (run / "plots").glob("*.png"))
+    assert any(n.startswith("cumulative-") for n in pngs)
+    assert any(n.startswith("gaps-") for n in pngs)
+    assert any(n.startswith("streams-") for n in pngs)
+    report = (run / "report.md").read_text()
+    assert "](plots/cumulative-" in report
+
+
+@pytest.mark.parametrize("limiter", ["burst-1s", "per-request", "rolling-1s", "never"])
+def test_broken_limiter_breaks_the_bound(tmp_path, limiter):
+    run = standard_run(tmp_path / "run", limiter=limiter, overhead=False)
+    failed = failed_check_names(run)
+    assert {"bound-dispatch", "bound-dispatch-run"} <= failed
+    assert verify_cli(run).exit_code == 1
+
+
+def test_one_budget_per_request_is_caught_only_with_several_streams(tmp_path):
+    assert not failed_check_names(one_phase_run(tmp_path / "one", limiter="per-request", streams=1))
+    assert "bound-dispatch" in failed_check_names(one_phase_run(tmp_path / "four", limiter="per-request", streams=4))
+
+
+def test_limiter_at_half_the_rate_fails_delivery_not_the_bound(tmp_path):
+    run = standard_run(tmp_path / "run", limiter="half-rate", overhead=False)
+    failed = failed_check_names(run)
+    assert "delivery" in failed
+    assert not {n for n in failed if n.startswith("bound")}
+
+
+def test_limiter_that_forgets_users_between_phases_is_caught_over_the_whole_file(tmp_path):
+    eng = SimEngine("patched-sync", default_tps=20)
+    user = {"u": {"limit_tps": 20, "streams": 1, "backlogged": True}}
+    phases = [SimPhase("s", "seed-experiment", f"p{k}", "patched-sync", "measure", user,
+                       [SimRequest(f"rb-1-{k}", "u", 0, 40)], reset_limiter=k > 0) for k in range(2)]
+    failed = failed_check_names(write_run_folder(tmp_path / "run", [eng], phases))
+    assert "bound-dispatch-run" in failed
+    assert "bound-dispatch" not in failed  # each phase alone looks fine
+
+
+def test_emit_events_carrying_several_tokens_are_weighted(tmp_path):
+    run = one_phase_run(tmp_path / "run", engine_kw={"emit_coalesce": 3}, streams=2, max_tokens=50)
+    assert not failed_check_names(run)
+
+
+def test_wrong_completion_tokens_fails_reconciliation(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+
+    def bump(recs):
+        recs[0].completion_tokens += 1
+
+    edit_client_records(run, bump)
+    verdict = analyse_run(run).verdict
+    bad = [c for c in verdict.failures if c.name == "reconciliation"]
+    assert bad and "usage.completion_tokens 61 != 60" in bad[0].explanation
+    result = verify_cli(run)
+    assert result.exit_code == 1
+    assert "reconciliation" in result.output
+
+
+def test_engine_that_keeps_generating_after_a_cancel_fails(tmp_path):
+    reqs = [SimRequest("rb-1-1", "user-a", 0, 80, cancel_after_ns=200_000_000)]
+    run = one_phase_run(tmp_path / "run", requests=reqs, backlogged=False, limit_tps=500,
+                        engine_kw={"abort_delay_ns": 30_000_000})
+    assert "cancellation" in failed_check_names(run)
+
+
+def test_partial_run_is_unusable_exit_2(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    edit_manifest(run, lambda m: m.update(state="partial", partial_reason="interrupted by SIGINT"))
+    result = verify_cli(run)
+    assert result.exit_code == 2
+    assert "'partial'" in result.output and "interrupted by SIGINT" in result.output
+
+
+def test_missing_events_file_is_unusable_and_named(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    (run / "engines" / "patched-sync" / "events.rbev").unlink()
+    result = verify_cli(run)
+    assert result.exit_code == 2
+    assert "events.rbev" in result.output and "missing" in result.output
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "scenarios.json", "requests.jsonl"])
+def test_missing_run_file_is_unusable_and_named(tmp_path, name):
+    run = one_phase_run(tmp_path / "run")
+    (run / name).unlink()
+    result = verify_cli(run)
+    assert result.exit_code == 2 and name in result.output
+
+
+def test_corrupt_events_file_is_unusable(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    (run / "engines" / "patched-sync" / "events.rbev").write_bytes(b"not an event file")
+    result = verify_cli(run)
+    assert result.exit_code == 2 and "bad magic" in result.output
+
+
+def test_thresholds_are_options_and_reach_the_verdict(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    assert verify_cli(run, "--delivery-min", "1.5").exit_code == 1
+    verdict = json.loads((run / "verdict.json").read_text())
+    assert verdict["thresholds"]["delivery_min"] == 1.5
+    assert [c for c in verdict["checks"] if c["name"] == "delivery"][0]["passed"] is False
+
+
+def test_overhead_fails_only_with_max_overhead(good_run):
+    assert verify_cli(good_run).exit_code == 0
+    assert verify_cli(good_run, "--max-overhead", "-0.5").exit_code == 1
