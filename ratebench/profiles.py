@@ -493,7 +493,7 @@ class _Validator:
                                p["answer_tokens"])
         if max_len is not None:
             need = p.get("prefix_tokens", 0) + p["prompt_tokens"] + max(
-                p.get("max_tokens", 0), p.get("followup_max_tokens", 0))
+                p.get("max_tokens", 0), p.get("followup_max_tokens", 0), p.get("neighbour_max_tokens", 0))
             if need > max_len:
                 raise ProfileError(self.path, f"{where}.prompt_tokens",
                                    f"prompt plus max_tokens within model.max_model_len ({max_len})", need)

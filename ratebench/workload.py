@@ -115,8 +115,10 @@ class LiveRates:
 class Driver:
     """Sends streamed requests for the phases of a run and keeps their client records."""
 
-    def __init__(self, run_id: str, *, console: Console | None = None, live: bool = True) -> None:
+    def __init__(self, run_id: str, *, console: Console | None = None, live: bool = True,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.run_id = run_id
+        self.transport = transport  # tests: a mock server
         self.records: list[ClientRecord] = []
         self.console = console or Console(stderr=True)
         self.live = live
@@ -148,8 +150,8 @@ class Driver:
         phase_records: list[ClientRecord] = []
         stop_flags: dict[int, bool] = {}
         timeout = httpx.Timeout(connect=30.0, read=READ_TIMEOUT_S, write=30.0, pool=None)
-        async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=1024,
-                                                                          max_keepalive_connections=64)) as client:
+        async with httpx.AsyncClient(timeout=timeout, transport=self.transport,
+                                     limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64)) as client:
             tasks: list[tuple[StreamRequest, asyncio.Task]] = []
             for req in requests:
                 rec = ClientRecord(
@@ -202,9 +204,9 @@ class Driver:
             else:
                 await self._send(client, ctx, req, rec, live, user_key)
         except asyncio.CancelledError:
-            if not rec.cancelled and rec.done_ns is None:
+            if rec.sent_ns is None:  # never sent: closed while waiting for its start
                 rec.cancelled = True
-                rec.cancel_ns = time.monotonic_ns()
+                rec.cancel_ns = rec.done_ns = time.monotonic_ns()
             task = asyncio.current_task()
             if stop_flags.get(id(task)) and task is not None and task.uncancel() == 0:
                 return  # the driver closed a background stream: that is the plan
@@ -230,6 +232,11 @@ class Driver:
                 await self._read_stream(client, ctx.endpoint + path, body, headers, req, rec, live, user_key)
         except httpx.HTTPError as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError:
+            if rec.done_ns is None:  # closed mid-stream (by the driver, or the run was interrupted)
+                rec.cancelled = True
+                rec.cancel_ns = time.monotonic_ns()
+            raise
         finally:
             live.ended(user_key)
             if rec.done_ns is None:

@@ -1,0 +1,43 @@
+"""Shared fixtures: the patched vLLM, the tiny model, the machine-wide engine lock."""
+
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ENGINE_LOCK = Path("/tmp/ratebench-engine.lock")
+
+
+@pytest.fixture(scope="session")
+def patched_vllm() -> str:
+    """The installed vLLM with the limiter patch applied (applied here when it is not)."""
+    from ratebench import patching
+
+    state = patching.patch_status().overall
+    if state != "patched":
+        patching.apply_patch()  # refuses, with the reason, a tree that is neither pristine nor patched
+        state = patching.patch_status().overall
+    assert state == "patched", f"vLLM is {state} after apply_patch()"
+    return patching.patch_sha256()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    """The generated tiny Qwen3 (made once, reused)."""
+    from ratebench.tinymodel import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+@pytest.fixture
+def engine_lock() -> Iterator[None]:
+    """One engine run at a time on this machine (other sessions share the CPUs)."""
+    with ENGINE_LOCK.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

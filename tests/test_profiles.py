@@ -1,0 +1,256 @@
+"""Profiles: the built-in ones load; every mistake is refused naming file, key and expectation."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ratebench.cli import app
+from ratebench.profiles import (
+    BUILTIN_DIR,
+    SCENARIO_KINDS,
+    ProfileError,
+    list_profiles,
+    load_profile,
+    parse_profile,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cpu_tiny() -> dict:
+    with (BUILTIN_DIR / "cpu-tiny.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def _refused(data: dict, key: str, expected: str) -> ProfileError:
+    with pytest.raises(ProfileError) as info:
+        parse_profile(data, "my.toml")
+    err = info.value
+    assert err.path == "my.toml"
+    assert err.key == key, str(err)
+    assert expected in str(err), str(err)
+    assert str(err).startswith(f"my.toml: {key}: expected")
+    return err
+
+
+def test_builtin_profiles_are_listed_with_a_description() -> None:
+    names = {p.name: p for p in list_profiles()}
+    assert {"cpu-tiny", "rtx4090-qwen3-8b"} <= set(names)
+    assert all(p.description for p in names.values())
+
+
+def test_every_builtin_profile_loads() -> None:
+    for info in list_profiles():
+        prof = load_profile(info.name)
+        assert prof.name == info.name
+        assert prof.scenarios
+
+
+def test_cpu_tiny_runs_every_scenario_kind_in_sync_and_async() -> None:
+    prof = load_profile("cpu-tiny")
+    assert {s.kind for s in prof.scenarios} == set(SCENARIO_KINDS)
+    seed = next(s for s in prof.scenarios if s.kind == "seed-experiment")
+    assert seed.scheduling == ["sync", "async"]
+    assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
+    assert prof.limits.limit_of(seed.params["user"]) == 20
+    assert prof.limits.limit_of(seed.params["neighbour"]) == 100
+
+
+def test_rtx4090_profile_is_the_seed_set_up() -> None:
+    prof = load_profile("rtx4090-qwen3-8b")
+    assert prof.device == "cuda"
+    assert prof.model.name == "Qwen/Qwen3-8B"
+    assert (prof.engine.max_num_seqs, prof.engine.max_num_active_seqs) == (64, 16)
+    assert prof.limits.default_tps == 100
+    assert prof.limits.user_tps["user-a"] == 100 and prof.limits.user_tps["user-b"] == 500
+    seed = prof.scenarios[0]
+    assert seed.kind == "seed-experiment" and seed.params["max_tokens"] == 200
+    assert seed.params["streams"] == [1, 4] and seed.scheduling == ["sync", "async"]
+    assert prof.limits.limit_of(seed.params["user"]) == 20
+    assert prof.limits.limit_of(seed.params["neighbour"]) == 100
+
+
+def test_profile_defaults_and_json_round_trip() -> None:
+    prof = load_profile("cpu-tiny")
+    data = prof.to_json()
+    assert data["limits"]["user_tps"]["user-a"] == 20
+    iso = next(s for s in prof.scenarios if s.kind == "isolation")
+    assert iso.params["lead_s"] == 0.5  # default filled in
+    assert iso.scheduling == ["sync"]  # default: the profile's first mode
+
+
+def test_a_path_loads_and_the_name_defaults_to_its_stem(tmp_path: Path) -> None:
+    text = (BUILTIN_DIR / "cpu-tiny.toml").read_text().replace('[profile]\n', '[profile]\n', 1)
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    assert load_profile(str(path)).name == "mine"
+
+
+def test_unknown_profile_name_lists_the_builtin_ones() -> None:
+    with pytest.raises(ProfileError) as info:
+        load_profile("no-such-profile")
+    assert "cpu-tiny" in str(info.value)
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[profile\n")
+    with pytest.raises(ProfileError) as info:
+        load_profile(str(path))
+    assert str(path) in str(info.value) and "valid TOML" in str(info.value)
+
+
+def test_unknown_top_level_key_is_refused() -> None:
+    data = _cpu_tiny()
+    data["enigne"] = {}
+    _refused(data, "enigne", "one of the known keys")
+
+
+def test_unknown_engine_key_is_refused() -> None:
+    data = _cpu_tiny()
+    data["engine"]["max_num_seq"] = 4
+    _refused(data, "engine.max_num_seq", "one of the known keys")
+
+
+def test_unknown_scenario_key_is_refused() -> None:
+    data = _cpu_tiny()
+    data["scenarios"][0]["stream"] = 3
+    _refused(data, "scenarios[0].stream", "one of the known keys")
+
+
+def test_missing_required_key_is_refused() -> None:
+    data = _cpu_tiny()
+    del data["engine"]["max_num_seqs"]
+    _refused(data, "engine.max_num_seqs", "it is required")
+
+
+def test_wrong_types_are_refused() -> None:
+    cases = [
+        (("engine", "max_num_seqs"), "16", "engine.max_num_seqs", "a positive integer"),
+        (("engine", "enable_prefix_caching"), "yes", "engine.enable_prefix_caching", "true or false"),
+        (("profile", "device"), "tpu", "profile.device", '"cpu" or "cuda"'),
+        (("profile", "scheduling"), ["sync", "turbo"], "profile.scheduling", "distinct modes"),
+        (("model", "source"), "hub", "model.source", '"tiny"'),
+        (("engine", "extra_args"), "--foo", "engine.extra_args", "a list of strings"),
+        (("limits", "default_tps"), True, "limits.default_tps", "a positive integer"),
+    ]
+    for (table, key), value, full, expected in cases:
+        data = _cpu_tiny()
+        data[table][key] = value
+        _refused(data, full, expected)
+
+
+def test_scenario_parameter_of_the_wrong_type_is_refused() -> None:
+    data = _cpu_tiny()
+    data["scenarios"][0]["streams"] = [1, 0]
+    _refused(data, "scenarios[0].streams", "a non-empty list of positive integers")
+    data = _cpu_tiny()
+    data["scenarios"][0]["max_tokens"] = 2.5
+    _refused(data, "scenarios[0].max_tokens", "a positive integer")
+
+
+def test_rate_zero_or_negative_is_refused() -> None:
+    data = _cpu_tiny()
+    data["limits"]["default_tps"] = 0
+    _refused(data, "limits.default_tps", "a positive integer")
+    data = _cpu_tiny()
+    data["limits"]["users"]["user-a"] = -5
+    _refused(data, "limits.users.user-a", "a positive integer rate")
+    data = _cpu_tiny()
+    data["limits"]["users"]["user-a"] = 12.5
+    _refused(data, "limits.users.user-a", "a positive integer rate")
+
+
+def test_scenario_naming_an_unknown_user_is_refused() -> None:
+    data = _cpu_tiny()
+    data["scenarios"][0]["user"] = "user-z"
+    err = _refused(data, "scenarios[0].user", "a user declared in [limits.users]")
+    assert "user-a" in str(err)
+
+
+def test_unknown_scenario_kind_is_refused() -> None:
+    data = _cpu_tiny()
+    data["scenarios"][0]["kind"] = "stress"
+    _refused(data, "scenarios[0].kind", "one of")
+
+
+def test_scenario_scheduling_must_be_built_by_the_profile() -> None:
+    data = _cpu_tiny()
+    data["profile"]["scheduling"] = ["sync"]
+    _refused(data, "scenarios[0].scheduling", "modes listed in profile.scheduling")
+
+
+def test_duplicate_scenario_names_are_refused() -> None:
+    data = _cpu_tiny()
+    data["scenarios"].append(copy.deepcopy(data["scenarios"][0]))
+    _refused(data, f"scenarios[{len(data['scenarios']) - 1}].name", "not used by another scenario")
+
+
+def test_isolation_needs_more_throttled_streams_than_active_slots() -> None:
+    data = _cpu_tiny()
+    iso = next(s for s in data["scenarios"] if s["kind"] == "isolation")
+    iso["throttled_streams"] = data["engine"]["max_num_active_seqs"]
+    i = data["scenarios"].index(iso)
+    _refused(data, f"scenarios[{i}].throttled_streams", "more streams than engine.max_num_active_seqs")
+
+
+def test_long_prompt_must_need_chunked_prefill() -> None:
+    data = _cpu_tiny()
+    lp = next(s for s in data["scenarios"] if s["kind"] == "long-prompt")
+    lp["prompt_tokens"] = 100
+    i = data["scenarios"].index(lp)
+    _refused(data, f"scenarios[{i}].prompt_tokens", "twice engine.max_num_batched_tokens")
+
+
+def test_prompt_and_answer_must_fit_the_model_length() -> None:
+    data = _cpu_tiny()
+    data["model"]["max_model_len"] = 300
+    _refused(data, "scenarios[0].prompt_tokens", "within model.max_model_len")
+
+
+def test_active_seqs_cannot_exceed_resident_seqs() -> None:
+    data = _cpu_tiny()
+    data["engine"]["max_num_active_seqs"] = 32
+    _refused(data, "engine.max_num_active_seqs", "at most engine.max_num_seqs")
+
+
+def test_anonymous_user_cannot_be_given_an_override() -> None:
+    data = _cpu_tiny()
+    data["limits"]["users"]["__anonymous__"] = 5
+    _refused(data, "limits.users.__anonymous__", "other than __anonymous__")
+
+
+def test_invalid_profile_exits_2_and_launches_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text((BUILTIN_DIR / "cpu-tiny.toml").read_text().replace("default_tps = 100", "default_tps = -1"))
+    result = CliRunner().invoke(app, ["run", "--profile", str(bad), "--results", str(tmp_path / "results")])
+    assert result.exit_code == 2
+    assert "limits.default_tps" in result.output and "bad.toml" in result.output
+    assert not (tmp_path / "results").exists()
+
+
+def test_profiles_command_lists_one_line_per_profile() -> None:
+    result = CliRunner().invoke(app, ["profiles"])
+    assert result.exit_code == 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == len(list_profiles())
+    assert any(line.startswith("cpu-tiny") for line in lines)
+
+
+def test_builtin_profiles_ship_in_the_package_and_the_checkout_points_there() -> None:
+    assert BUILTIN_DIR == REPO / "ratebench" / "profiles"
+    assert (REPO / "profiles").resolve() == BUILTIN_DIR
+    with (REPO / "pyproject.toml").open("rb") as f:
+        package_data = tomllib.load(f)["tool"]["setuptools"]["package-data"]["ratebench"]
+    assert "profiles/*.toml" in package_data
+    # The module import is not shadowed by the data folder of the same name.
+    out = subprocess.run([sys.executable, "-c", "import ratebench.profiles as p; print(p.__file__)"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("profiles.py")
