@@ -192,10 +192,8 @@ class RunningEngine:
         return killed
 
 
-def start_engine(spec: EngineSpec, folder: Path, *, timeout_s: float, console: Console | None = None,
-                 grace_s: float = 20.0) -> RunningEngine:
-    """Start an engine and wait until it serves; on failure stop it and raise EngineError."""
-    console = console or Console(stderr=True)
+def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
+    """Start the server process (not waiting for it); see :func:`wait_ready`."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     env = dict(os.environ)
@@ -219,43 +217,76 @@ def start_engine(spec: EngineSpec, folder: Path, *, timeout_s: float, console: C
         spec.argv(port), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
         env=env, start_new_session=True, cwd=folder,
     )
-    engine = RunningEngine(spec, process, port, folder, events_path, log_file)
+    return RunningEngine(spec, process, port, folder, events_path, log_file)
+
+
+def start_engine(spec: EngineSpec, folder: Path, *, timeout_s: float, console: Console | None = None,
+                 grace_s: float = 20.0) -> RunningEngine:
+    """Start an engine and wait until it serves; on failure stop it and raise EngineError."""
+    engine = launch_engine(spec, folder)
     try:
-        _wait_ready(engine, timeout_s, console)
+        wait_ready([engine], timeout_s, console or Console(stderr=True))
     except BaseException:
         engine.stop(grace_s)
         raise
     return engine
 
 
-def _wait_ready(engine: RunningEngine, timeout_s: float, console: Console) -> None:
-    spec = engine.spec
+def wait_ready(engines: list[RunningEngine], timeout_s: float, console: Console) -> None:
+    """Wait until every engine serves its model, with one progress line per engine.
+
+    Raises EngineError (with the log tail) for the first engine that exits or times out;
+    stopping the engines is the caller's business.
+    """
     start = time.monotonic()
-    stage = "starting"
+    stage = {e.spec.name: "starting" for e in engines}
+    pending = list(engines)
     with httpx.Client(timeout=2.0) as client, Progress(
         SpinnerColumn(), TextColumn("[bold]{task.fields[name]}[/]: {task.description}"), TimeElapsedColumn(),
         console=console, transient=True,
     ) as progress:
-        task = progress.add_task(stage, name=spec.name)
-        while True:
-            if not engine.alive():
-                raise EngineError(
-                    f"engine {spec.name} exited with code {engine.process.returncode} before it was ready",
-                    log_tail(engine.log_path), engine.log_path)
-            if time.monotonic() - start > timeout_s:
-                raise EngineError(f"engine {spec.name} was not ready after {timeout_s:.0f} s "
-                                  f"(profile.startup_timeout_s)", log_tail(engine.log_path), engine.log_path)
-            try:
-                if stage != "models":
-                    r = client.get(f"{engine.endpoint}/health")
-                    if r.status_code == 200:
-                        stage = "models"
-                if stage == "models":
-                    r = client.get(f"{engine.endpoint}/v1/models")
-                    if r.status_code == 200 and any(m.get("id") == spec.served_name for m in r.json().get("data", [])):
-                        return
-            except (httpx.TransportError, ValueError):
-                pass
-            last = log_tail(engine.log_path, 1).strip()
-            progress.update(task, description=(last[-100:] if last else stage))
-            time.sleep(0.5)
+        tasks = {e.spec.name: progress.add_task("starting", name=e.spec.name) for e in engines}
+        while pending:
+            for engine in list(pending):
+                name = engine.spec.name
+                if not engine.alive():
+                    raise EngineError(
+                        f"engine {name} exited with code {engine.process.returncode} before it was ready",
+                        log_tail(engine.log_path), engine.log_path)
+                if time.monotonic() - start > timeout_s:
+                    raise EngineError(f"engine {name} was not ready after {timeout_s:.0f} s "
+                                      f"(profile.startup_timeout_s)", log_tail(engine.log_path), engine.log_path)
+                try:
+                    if stage[name] == "starting":
+                        if client.get(f"{engine.endpoint}/health").status_code == 200:
+                            stage[name] = "models"
+                    if stage[name] == "models":
+                        r = client.get(f"{engine.endpoint}/v1/models")
+                        if r.status_code == 200 and any(m.get("id") == engine.spec.served_name
+                                                        for m in r.json().get("data", [])):
+                            pending.remove(engine)
+                            progress.update(tasks[name], description="ready")
+                            continue
+                except (httpx.TransportError, ValueError):
+                    pass
+                last = log_tail(engine.log_path, 1).strip()
+                progress.update(tasks[name], description=(last[-100:] if last else stage[name]))
+            if pending:
+                time.sleep(0.5)
+
+
+def warm_up(engine: RunningEngine) -> None:
+    """One short streamed completion and chat request, so the request path is imported.
+
+    Used for the stock engine while the pristine files are in place: whatever vLLM
+    imports lazily on its first request is then the stock code too.
+    """
+    common = {"model": engine.spec.served_name, "max_tokens": 2, "stream": True,
+              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.Client(timeout=60.0) as client:
+        for path, body in (("/v1/completions", {"prompt": "Hello"}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]})):
+            r = client.post(f"{engine.endpoint}{path}", json={**common, **body})
+            if r.status_code != 200:
+                raise EngineError(f"engine {engine.spec.name}: warm-up request to {path} answered HTTP "
+                                  f"{r.status_code}: {r.text[:300]}", log_tail(engine.log_path), engine.log_path)

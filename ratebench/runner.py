@@ -1,10 +1,11 @@
 """A run: run folder, manifest, engines, scenarios, and the verdict at the end.
 
-The run folder follows ``docs/run-folder.md``. Engines start when the first
-scenario that needs them starts and stop when no later scenario needs them. The
-stock engine (overhead scenario) runs the real pristine vLLM: the patch is
-reverted while it starts (until it serves, everything it runs is imported) and
-applied again in a ``finally``. An interrupted run (Ctrl-C, SIGTERM) is marked
+The run folder follows ``docs/run-folder.md``. Every engine of the run starts up
+front (the patched ones together, which is faster than one by one) and stops as
+soon as no later scenario needs it. The stock engine (overhead scenario) runs the
+real pristine vLLM: the patch is reverted while it starts, until it serves and has
+answered a warm-up request (by then the code it runs is imported), and applied
+again in a ``finally``. An interrupted run (Ctrl-C, SIGTERM) is marked
 ``partial`` and never reported as a pass; no engine process outlives the run.
 """
 
@@ -31,7 +32,7 @@ from rich.console import Console
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.engine import EngineError, EngineSpec, RunningEngine, start_engine
+from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready, warm_up
 from ratebench.events import write_client_records
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
@@ -251,45 +252,61 @@ class Run:
             env=dict(self.profile.engine.env),
         )
 
-    def start(self, name: str) -> None:
-        from ratebench import patching
-
+    def _launch(self, name: str) -> RunningEngine:
         spec = self.engine_spec(name)
-        folder = self.run_dir / "engines" / name
-        entry = {
+        self.manifest["engines"][name] = {
             "kind": spec.kind, "feature": spec.feature, "async_scheduling": spec.async_scheduling,
-            "default_tps": spec.default_tps, "user_tps": spec.user_tps or ({} if spec.feature else None),
+            "default_tps": spec.default_tps, "user_tps": spec.user_tps if spec.feature else None,
             "flags": spec.all_flags(), "events_file": None, "log_file": f"engines/{name}/engine.log",
             "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
             "stopped_monotonic_ns": None, "killed_pids": [],
         }
-        self.manifest["engines"][name] = entry
         self.write_manifest()
-        self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind}, "
+        self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
                            f"{'limiter on' if spec.feature else 'limiter off'}, "
                            f"{'async' if spec.async_scheduling else 'sync'} scheduling)")
-        t0 = time.monotonic()
-        reverted = False
-        try:
-            if spec.kind == "stock" and self.options.use_patch:
-                # The real stock code: pristine files while it imports; the patch returns below.
-                patching.revert_patch()
-                reverted = True
-            engine = start_engine(spec, folder, timeout_s=self.profile.startup_timeout_s, console=self.console,
-                                  grace_s=self.profile.shutdown_grace_s)
-        finally:
-            if reverted:
-                patching.apply_patch()
+        engine = launch_engine(spec, self.run_dir / "engines" / name)
         self.engines[name] = engine
-        entry["endpoint"] = engine.endpoint
-        entry["ready_monotonic_ns"] = time.monotonic_ns()
-        entry["pid"] = engine.process.pid
-        if engine.events_path is not None:
-            entry["events_file"] = f"engines/{name}/events.rbev"
+        self.manifest["engines"][name].update(endpoint=engine.endpoint, pid=engine.process.pid)
+        return engine
+
+    def _ready(self, engines: list[RunningEngine], t0: float) -> None:
+        wait_ready(engines, self.profile.startup_timeout_s, self.console)
+        for engine in engines:
+            name = engine.spec.name
+            entry = self.manifest["engines"][name]
+            entry["ready_monotonic_ns"] = time.monotonic_ns()
+            if engine.events_path is not None:
+                entry["events_file"] = f"engines/{name}/events.rbev"
+            self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=engine.spec.served_name,
+                                        feature=engine.spec.feature, kind=engine.spec.kind)
+            self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} "
+                               f"({time.monotonic() - t0:.0f} s)")
         self.write_manifest()
-        self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=spec.served_name,
-                                    feature=spec.feature, kind=spec.kind)
-        self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} in {time.monotonic() - t0:.0f} s")
+
+    def ensure_engines(self, names: list[str]) -> None:
+        """Start the engines not running yet: stock ones first and alone (the patch is
+        reverted until each serves), then every patched one at once."""
+        from ratebench import patching
+
+        missing = [n for n in dict.fromkeys(names) if n not in self.engines]
+        for name in [n for n in missing if self.engine_spec(n).kind == "stock"]:
+            t0 = time.monotonic()
+            reverted = False
+            try:
+                if self.options.use_patch:
+                    patching.revert_patch()
+                    reverted = True
+                engine = self._launch(name)
+                self._ready([engine], t0)
+                warm_up(engine)
+            finally:
+                if reverted:
+                    patching.apply_patch()
+        patched = [n for n in missing if self.engine_spec(n).kind != "stock"]
+        if patched:
+            t0 = time.monotonic()
+            self._ready([self._launch(n) for n in patched], t0)
 
     def stop(self, name: str) -> None:
         engine = self.engines.pop(name, None)
@@ -354,11 +371,9 @@ class Run:
         if self.options.endpoint is not None:
             self.attach()
         for i, spec in enumerate(specs):
-            needed = engines_needed(spec)
             if self.options.endpoint is None:
-                for name in needed:
-                    if name not in self.engines:
-                        self.start(name)
+                # Every engine of the run up front: they start together, faster than one by one.
+                self.ensure_engines([n for s in specs[i:] for n in engines_needed(s)])
             self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
             ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, engines=self.refs,
                                   on_phase=self.on_phase, model_dir=self.model_dir)

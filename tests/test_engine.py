@@ -1,0 +1,121 @@
+"""The engine launcher: flags, readiness, logs, and shutdown that leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from rich.console import Console
+
+from ratebench.engine import EngineError, EngineSpec, RunningEngine, group_members, start_engine
+from ratebench.events import ENV_VAR, read_engine_events
+
+
+def _spec(**kw) -> EngineSpec:
+    base = dict(name="patched-sync", kind="patched", feature=True, async_scheduling=False, model="/m",
+                served_name="tiny-qwen3", flags=["--max-num-seqs", "8"], default_tps=100,
+                user_tps={"user-a": 20})
+    base.update(kw)
+    return EngineSpec(**base)
+
+
+def test_feature_on_passes_the_limiter_flags() -> None:
+    argv = _spec().argv(8123)
+    assert argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "8123"
+    assert argv[argv.index("--default-user-output-tokens-per-second") + 1] == "100"
+    assert json.loads(argv[argv.index("--user-output-tokens-per-second") + 1]) == {"user-a": 20}
+    assert "--async-scheduling" not in argv and "--max-num-seqs" in argv
+
+
+def test_feature_off_and_stock_pass_no_limiter_flag() -> None:
+    for spec in (_spec(feature=False, default_tps=None, user_tps={}), _spec(kind="stock", feature=False)):
+        argv = spec.argv(1)
+        assert not any("output-tokens-per-second" in a for a in argv)
+
+
+def test_async_scheduling_flag() -> None:
+    assert "--async-scheduling" in _spec(async_scheduling=True).argv(1)
+
+
+def _stubborn_group(tmp_path: Path) -> subprocess.Popen:
+    """A process group whose leader and child ignore SIGINT and SIGTERM."""
+    script = "trap '' INT TERM; sleep 600 & sleep 600; wait"
+    return subprocess.Popen(["sh", "-c", script], start_new_session=True, stdout=subprocess.DEVNULL)
+
+
+def test_stop_kills_a_group_that_ignores_sigint_and_sigterm(tmp_path: Path) -> None:
+    proc = _stubborn_group(tmp_path)
+    deadline = time.monotonic() + 5
+    while len(group_members(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(group_members(proc.pid)) >= 2
+    engine = RunningEngine(_spec(), proc, 1, tmp_path, None, open(tmp_path / "engine.log", "ab"))
+    killed = engine.stop(grace_s=1.0)
+    assert killed, "the stubborn processes needed SIGKILL"
+    assert group_members(proc.pid) == []
+    assert engine.stop() == []  # idempotent
+
+
+def test_stop_is_quick_when_the_group_exits_on_sigint(tmp_path: Path) -> None:
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    time.sleep(0.2)
+    engine = RunningEngine(_spec(), proc, 1, tmp_path, None, open(tmp_path / "engine.log", "ab"))
+    t0 = time.monotonic()
+    engine.stop(grace_s=30.0)
+    assert group_members(proc.pid) == []
+    assert time.monotonic() - t0 < 25  # well inside the grace: no SIGKILL wait
+
+
+# ---- against a real CPU engine ---------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_engine_that_cannot_start_shows_its_log_and_leaves_nothing(
+        tmp_path: Path, patched_vllm: str, tiny_model: Path, engine_lock: None) -> None:
+    spec = _spec(model=str(tiny_model), flags=["--max-num-seqs", "not-a-number"])
+    with pytest.raises(EngineError) as info:
+        start_engine(spec, tmp_path / "engine", timeout_s=120, console=Console(stderr=True), grace_s=5)
+    err = info.value
+    assert "exited with code" in str(err)
+    assert "max-num-seqs" in err.log_tail  # vLLM's own complaint, from the log
+    assert (tmp_path / "engine" / "engine.log").is_file()
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        assert str(tmp_path).encode() not in cmdline
+
+
+@pytest.mark.e2e
+def test_engine_serves_records_events_and_stops_clean(
+        tmp_path: Path, patched_vllm: str, tiny_model: Path, engine_lock: None) -> None:
+    spec = _spec(model=str(tiny_model), flags=["--max-num-seqs", "4", "--max-num-active-seqs", "2",
+                                               "--max-model-len", "512", "--enforce-eager"],
+                 env={"VLLM_CPU_KVCACHE_SPACE": "1"}, default_tps=1000, user_tps={})
+    engine = start_engine(spec, tmp_path / "engine", timeout_s=300, console=Console(stderr=True), grace_s=15)
+    try:
+        assert engine.events_path is not None
+        r = httpx.post(f"{engine.endpoint}/v1/completions", timeout=60,
+                       json={"model": "tiny-qwen3", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True,
+                             "vllm_xargs": {"output_rate_user": "user-a"}},
+                       headers={"X-Request-Id": "rb-abc-1"})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    finally:
+        killed = engine.stop(grace_s=15)
+    assert group_members(engine.pgid) == []
+    assert killed == [], "the engine shut down on SIGINT within the grace period"
+    assert "Application startup complete" in (tmp_path / "engine" / "engine.log").read_text()
+    events = read_engine_events(engine.events_path)
+    assert events.meta.get("default_tps") == 1000
+    finishes = events.of_kind(3)
+    assert len(finishes) == 1 and int(finishes["count"][0]) == 5
+    assert ENV_VAR not in os.environ

@@ -1,0 +1,211 @@
+"""The workload driver against a scripted server (httpx.MockTransport): no engine needed.
+
+The driver against a real engine is covered by tests/test_run_e2e.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator, Callable
+
+import httpx
+import pytest
+
+from ratebench.events import client_id_of
+from ratebench.workload import Driver, PhaseContext, StreamRequest, request_body
+
+CTX = PhaseContext(scenario="sc", phase="ph", engine="patched-sync", endpoint="http://engine", model="tiny-qwen3")
+
+
+def sse(obj: dict | str) -> bytes:
+    return b"data: " + (obj if isinstance(obj, str) else json.dumps(obj)).encode() + b"\n\n"
+
+
+def chunk(total: int, text: str = "x", finish: str | None = None) -> bytes:
+    return sse({"choices": [{"index": 0, "text": text, "finish_reason": finish}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}})
+
+
+def final(total: int) -> bytes:
+    return sse({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": total, "total_tokens": 7 + total}})
+
+
+def server(stream_of: Callable[[httpx.Request], AsyncIterator[bytes]], seen: list | None = None,
+           status: int = 200) -> httpx.MockTransport:
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if seen is not None:
+            seen.append(request)
+        if status != 200:
+            return httpx.Response(status, json={"error": {"message": "bad request"}})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=stream_of(request))
+
+    return httpx.MockTransport(handler)
+
+
+def run(driver: Driver, requests: list[StreamRequest], **kw):
+    return asyncio.run(driver.run_phase(CTX, requests, **kw))
+
+
+def test_every_chunk_counts_the_tokens_of_its_usage_delta() -> None:
+    async def stream(_req):
+        yield chunk(1)
+        yield chunk(3)  # two tokens coalesced into one chunk
+        yield chunk(4, finish="length")
+        yield final(4)
+        yield sse("[DONE]")
+
+    seen: list[httpx.Request] = []
+    driver = Driver("ab12", live=False, transport=server(stream, seen))
+    (rec,) = run(driver, [StreamRequest(user="user-a", prompt=[1, 2, 3], max_tokens=4)])
+    assert rec.chunk_tokens == [1, 2, 1]
+    assert rec.completion_tokens == 4 and rec.streamed_tokens == 4
+    assert rec.finish_reason == "length" and rec.error is None and not rec.cancelled
+    assert rec.prompt_tokens == 7 and rec.http_status == 200
+    assert rec.sent_ns <= rec.first_token_ns == rec.chunk_ns[0] <= rec.chunk_ns[-1] <= rec.done_ns
+    assert (rec.scenario, rec.phase, rec.engine, rec.user) == ("sc", "ph", "patched-sync", "user-a")
+    assert seen[0].headers["X-Request-Id"] == rec.client_id == "rb-ab12-0"
+    body = json.loads(seen[0].content)
+    assert body["vllm_xargs"] == {"output_rate_user": "user-a"}
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["ignore_eos"] is True and body["max_tokens"] == 4 and body["prompt"] == [1, 2, 3]
+    assert seen[0].url.path == "/v1/completions"
+
+
+def test_an_event_split_across_socket_reads_is_put_together() -> None:
+    async def stream(_req):
+        whole = chunk(1) + chunk(2, finish="stop") + final(2) + sse("[DONE]")
+        for i in range(0, len(whole), 7):
+            yield whole[i:i + 7]
+
+    driver = Driver("ab12", live=False, transport=server(stream))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt="hi", max_tokens=8, ignore_eos=False)])
+    assert rec.chunk_tokens == [1, 1] and rec.completion_tokens == 2 and rec.finish_reason == "stop"
+
+
+def test_request_without_user_leaves_the_field_out_and_sends_the_openai_user() -> None:
+    body = request_body("m", StreamRequest(user=None, prompt="hello", max_tokens=3, api="chat",
+                                           openai_user="user-b"))
+    assert "vllm_xargs" not in body
+    assert body["user"] == "user-b"
+    assert body["messages"] == [{"role": "user", "content": "hello"}]
+
+
+def test_chat_requests_go_to_chat_completions() -> None:
+    async def stream(_req):
+        yield sse({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        yield final(1)
+        yield sse("[DONE]")
+
+    seen: list[httpx.Request] = []
+    driver = Driver("ab12", live=False, transport=server(stream, seen))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt="hi", max_tokens=8, api="chat", ignore_eos=False)])
+    assert seen[0].url.path == "/v1/chat/completions"
+    assert rec.api == "chat" and rec.completion_tokens == 1 and rec.finish_reason == "stop"
+
+
+async def endless(_req):
+    n = 0
+    while True:
+        n += 1
+        yield chunk(n)
+        await asyncio.sleep(0.01)
+
+
+def test_stream_closed_after_k_tokens_is_marked_cancelled() -> None:
+    driver = Driver("ab12", live=False, transport=server(endless))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt=[1], max_tokens=1000, cancel_after_tokens=5)])
+    assert rec.cancelled and rec.cancel_ns is not None
+    assert rec.streamed_tokens == 5 and rec.completion_tokens is None and rec.finish_reason is None
+    assert rec.error is None
+
+
+def test_stream_closed_after_t_seconds_is_marked_cancelled() -> None:
+    driver = Driver("ab12", live=False, transport=server(endless))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt=[1], max_tokens=1000, cancel_after_s=0.2)])
+    assert rec.cancelled and rec.cancel_ns >= rec.sent_ns + 150_000_000
+    assert rec.streamed_tokens > 0 and rec.error is None
+
+
+def test_background_streams_close_when_the_foreground_ones_end() -> None:
+    async def stream(req):
+        body = json.loads(req.content)
+        if body["max_tokens"] == 1000:
+            async for part in endless(req):
+                yield part
+        else:
+            for n in range(1, 4):
+                yield chunk(n)
+                await asyncio.sleep(0.02)
+            yield final(3)
+            yield sse("[DONE]")
+
+    driver = Driver("ab12", live=False, transport=server(stream))
+    recs = run(driver, [
+        StreamRequest(user="slow", prompt=[1], max_tokens=1000, background=True),
+        StreamRequest(user="slow", prompt=[1], max_tokens=1000, background=True, stream_index=1),
+        StreamRequest(user="fast", prompt=[1], max_tokens=3, delay_s=0.05, stream_index=2),
+    ])
+    slow, fast = recs[:2], recs[2]
+    assert fast.completion_tokens == 3 and not fast.cancelled
+    assert all(r.cancelled and r.cancel_ns >= fast.done_ns and r.error is None for r in slow)
+    assert [r.client_id for r in recs] == ["rb-ab12-0", "rb-ab12-1", "rb-ab12-2"]
+    assert driver.records == recs
+
+
+def test_concurrency_caps_the_streams_in_flight() -> None:
+    async def stream(_req):
+        for n in range(1, 3):
+            yield chunk(n)
+            await asyncio.sleep(0.02)
+        yield final(2)
+        yield sse("[DONE]")
+
+    driver = Driver("ab12", live=False, transport=server(stream))
+    recs = run(driver, [StreamRequest(user="u", prompt=[1], max_tokens=2, stream_index=i) for i in range(6)],
+               concurrency=2)
+    assert all(r.completion_tokens == 2 for r in recs)
+    most = max(sum(1 for o in recs if o.sent_ns <= r.sent_ns < o.done_ns) for r in recs)
+    assert most == 2
+
+
+def test_http_error_is_recorded_not_raised() -> None:
+    driver = Driver("ab12", live=False, transport=server(endless, status=400))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt=[1], max_tokens=5)])
+    assert rec.http_status == 400 and "HTTP 400" in rec.error and "bad request" in rec.error
+    assert rec.chunk_tokens == [] and rec.completion_tokens is None
+
+
+def test_error_event_in_the_stream_is_recorded() -> None:
+    async def stream(_req):
+        yield chunk(1)
+        yield sse({"error": {"message": "engine dead", "type": "InternalServerError"}})
+        yield sse("[DONE]")
+
+    driver = Driver("ab12", live=False, transport=server(stream))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt=[1], max_tokens=5)])
+    assert rec.error == "engine dead" and rec.streamed_tokens == 1
+
+
+def test_an_interrupted_phase_marks_its_streams_and_propagates() -> None:
+    driver = Driver("ab12", live=False, transport=server(endless))
+
+    async def main():
+        task = asyncio.create_task(driver.run_phase(CTX, [StreamRequest(user="u", prompt=[1], max_tokens=1000)]))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    (rec,) = driver.records
+    assert rec.cancelled and rec.error == "interrupted"
+
+
+def test_client_ids_are_found_inside_engine_request_ids() -> None:
+    driver = Driver("0a1b2c3d", live=False)
+    cid = driver.next_client_id()
+    assert cid == "rb-0a1b2c3d-0"
+    for engine_id in (f"cmpl-{cid}-0-1a2b3c4d", f"chatcmpl-{cid}-1a2b3c4d"):
+        assert client_id_of(engine_id) == cid
