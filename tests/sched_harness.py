@@ -8,12 +8,14 @@ tests work, plus the clock.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
@@ -67,6 +69,7 @@ def create_scheduler(
     enable_prefix_caching: bool = False,
     policy: str = "fcfs",
     clock: FakeClock | None = None,
+    scheduler_cls: type | None = None,
 ) -> Scheduler:
     """A real Scheduler (or AsyncScheduler) with a small KV cache."""
     scheduler_config = SchedulerConfig(
@@ -111,7 +114,8 @@ def create_scheduler(
     cache_config.num_gpu_blocks = num_blocks
     from vllm.v1.structured_output import StructuredOutputManager
 
-    scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
+    if scheduler_cls is None:
+        scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
     scheduler = scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
@@ -119,7 +123,7 @@ def create_scheduler(
         block_size=block_size,
         log_stats=False,
     )
-    if clock is not None and scheduler.output_rate_limiter is not None:
+    if clock is not None and getattr(scheduler, "output_rate_limiter", None) is not None:
         scheduler.output_rate_limiter.clock_ns = clock
     return scheduler
 
@@ -137,11 +141,11 @@ def make_request(
 ) -> Request:
     global _none_hash_ready
     if not _none_hash_ready:
-        init_none_hash(hash)
+        init_none_hash(sha256)
         _none_hash_ready = True
     extra_args = {"output_rate_user": user} if user is not None else None
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
-    token = prompt_token if prompt_token is not None else 100 + (hash(request_id) % 500)
+    token = prompt_token if prompt_token is not None else 100 + zlib.crc32(request_id.encode()) % 500
     return Request(
         request_id=request_id,
         prompt_token_ids=[token] * prompt_len,
@@ -149,7 +153,7 @@ def make_request(
         pooling_params=None,
         priority=priority,
         arrival_time=arrival_time,
-        block_hasher=get_request_block_hasher(block_size, hash),
+        block_hasher=get_request_block_hasher(block_size, sha256),
     )
 
 
@@ -186,7 +190,7 @@ class Engine:
         self.scheduler = scheduler
         self.clock = clock
         self.step_ns = round(step_s * NS_PER_S)
-        self.is_async = isinstance(scheduler, AsyncScheduler)
+        self.is_async = hasattr(scheduler, "_spec_token_placeholders")
         self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput] | None = None
         self.log: list[StepLog] = []
         # request id -> times at which it was given a sampled token

@@ -1,0 +1,438 @@
+"""The patched vLLM V1 scheduler keeps the output-rate promise (DESIGN sections 2-3).
+
+Real Scheduler / AsyncScheduler and KV cache manager, a hand-driven clock and a
+controlled "model" (tests/sched_harness.py). The patch must be applied to the
+installed vLLM (tests/conftest.py makes sure of it).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from sched_harness import NS_PER_S, Engine, FakeClock, create_scheduler, make_request
+
+pytestmark = pytest.mark.usefixtures("patched_vllm")
+
+SYNC_AND_ASYNC = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+
+
+def sampled_counts(engine: Engine, requests) -> list[int]:
+    return [len(engine.token_times.get(r.request_id, [])) for r in requests]
+
+
+def ledger(scheduler):
+    """Record every charge and refund the scheduler asks of its limiter."""
+    limiter = scheduler.output_rate_limiter
+    events: list[tuple[str, str, bool | None]] = []
+    take, refund = limiter.try_take, limiter.refund
+
+    def spy_take(user, now_ns):
+        ok = take(user, now_ns)
+        events.append(("take", user, ok))
+        return ok
+
+    def spy_refund(user):
+        events.append(("refund", user, None))
+        refund(user)
+
+    limiter.try_take = spy_take
+    limiter.refund = spy_refund
+    return events
+
+
+def burst_left(scheduler, user: str, now_ns: int) -> int:
+    """How many tokens the user could take right now (probing a copy)."""
+    from vllm.v1.core.sched.output_rate import OutputRateLimiter
+
+    limiter = scheduler.output_rate_limiter
+    probe = OutputRateLimiter(
+        limiter.default_tokens_per_second, limiter.user_tokens_per_second, limiter.burst_ns
+    )
+    probe._tat_scaled = dict(limiter._tat_scaled)
+    n = 0
+    while probe.try_take(user, now_ns):
+        n += 1
+    return n
+
+
+@SYNC_AND_ASYNC
+def test_four_streams_share_one_budget_and_take_turns(async_scheduling):
+    clock = FakeClock()
+    s = create_scheduler(default_tps=20, clock=clock, async_scheduling=async_scheduling)
+    e = Engine(s, clock, step_s=0.01)
+    streams = [make_request(f"a{i}", user="a", max_tokens=1000) for i in range(4)]
+    e.add(*streams)
+    for _ in range(500):  # 5 s of 10 ms steps
+        e.step()
+        counts = sampled_counts(e, streams)
+        assert max(counts) - min(counts) <= 1, counts
+    # 5 s at 20 tok/s, plus the 100 ms burst (0.1 * 20 + 1 = 3 at t = 0).
+    assert 100 <= sum(counts) <= 103, counts
+
+
+@SYNC_AND_ASYNC
+def test_throttled_user_does_not_slow_another_user(async_scheduling):
+    def run(with_neighbour: bool) -> list[int]:
+        clock = FakeClock()
+        s = create_scheduler(
+            default_tps=20, user_tps={"b": 100_000}, clock=clock, async_scheduling=async_scheduling
+        )
+        e = Engine(s, clock, step_s=0.01)
+        if with_neighbour:
+            e.add(*[make_request(f"a{i}", user="a", max_tokens=1000) for i in range(8)])
+        b = make_request("b0", user="b", max_tokens=1000)
+        e.add(b)
+        e.run_for_s(2.0)
+        return [t - e.token_times["b0"][0] for t in e.token_times["b0"]]
+
+    alone, shared = run(False), run(True)
+    assert len(shared) == len(alone) >= 190
+    assert shared == alone
+
+
+def test_middle_prefill_chunks_are_free_and_the_last_one_is_charged():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, max_num_batched_tokens=64, clock=clock)
+    charges = ledger(s)
+    e = Engine(s, clock, step_s=0.01)
+    r = make_request("long", user="a", prompt_len=200, max_tokens=10)
+    e.add(r)
+    for step in range(3):  # chunks of 64, 64, 64 tokens: nothing sampled
+        out = e.step()
+        assert out.num_scheduled_tokens["long"] == 64
+        assert charges == [], f"middle chunk {step} was charged"
+    out = e.step()  # the last chunk (8 tokens) samples the first token
+    assert out.num_scheduled_tokens["long"] == 8
+    assert charges == [("take", "a", True)]
+    assert r.num_output_tokens == 1
+
+
+def test_refused_chunked_prefill_stops_one_position_short():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, max_num_batched_tokens=64, clock=clock)
+    assert s.output_rate_limiter.try_take("a", clock())  # spend the whole burst
+    e = Engine(s, clock, step_s=0.01)
+    r = make_request("long", user="a", prompt_len=200, max_tokens=10)
+    e.add(r)
+    scheduled = [e.step().num_scheduled_tokens.get("long", 0) for _ in range(6)]
+    # 64 + 64 + 64 + 7: up to the position before the one that samples, then waits.
+    assert scheduled == [64, 64, 64, 7, 0, 0]
+    assert r.num_computed_tokens == 199 and r.num_output_tokens == 0
+    clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
+    out = e.step()
+    assert out.num_scheduled_tokens["long"] == 1
+    assert r.num_output_tokens == 1
+
+
+def test_refused_prefill_without_chunking_waits_whole():
+    clock = FakeClock()
+    s = create_scheduler(
+        default_tps=1, enable_chunked_prefill=False, max_num_batched_tokens=4096, clock=clock
+    )
+    assert s.output_rate_limiter.try_take("a", clock())
+    e = Engine(s, clock, step_s=0.01)
+    r = make_request("p", user="a", prompt_len=200, max_tokens=10)
+    e.add(r)
+    for _ in range(5):
+        assert "p" not in e.step().num_scheduled_tokens
+    assert r.num_computed_tokens == 0 and r in s.waiting
+    clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
+    out = e.step()
+    assert out.num_scheduled_tokens["p"] == 200
+    assert r.num_output_tokens == 1
+
+
+def test_charge_refunded_when_kv_allocation_fails_and_next_step_can_spend_it():
+    clock = FakeClock()
+    # 4 usable blocks of 16 tokens: a 100-token prompt can never be allocated.
+    s = create_scheduler(default_tps=10, num_blocks=5, block_size=16, clock=clock)
+    charges = ledger(s)
+    e = Engine(s, clock, step_s=0.01)
+    big = make_request("big", user="a", prompt_len=100, max_tokens=5)
+    e.add(big)
+    out = e.step()
+    assert "big" not in out.num_scheduled_tokens
+    assert charges == [("take", "a", True), ("refund", "a", None)]
+    # The whole burst (0.1 * 10 + 1 = 2 tokens) is still there for the next step.
+    assert burst_left(s, "a", clock()) == 2
+    s.finish_requests("big", big.status.FINISHED_ABORTED)
+    small = make_request("small", user="a", prompt_len=10, max_tokens=5)
+    e.add(small)
+    out = e.step()
+    assert out.num_scheduled_tokens["small"] == 10 and small.num_output_tokens == 1
+
+
+def test_charge_refunded_when_request_is_preempted_in_the_same_step():
+    clock = FakeClock()
+    s = create_scheduler(
+        default_tps=1000, num_blocks=5, block_size=16, policy="priority", clock=clock
+    )
+    e = Engine(s, clock, step_s=0.01)
+    low = make_request("low", user="a", prompt_len=32, max_tokens=50, priority=1)
+    e.add(low)
+    e.step()  # low: 2 blocks, first token
+    high = make_request("high", user="b", prompt_len=16, max_tokens=50, priority=0)
+    e.add(high)
+    e.step()  # low decodes into a 3rd block, high admitted: 4 blocks used
+    charges = ledger(s)
+    out = e.step()  # low charged and given a slot, then high needs a block: low is preempted
+    assert "low" in out.preempted_req_ids
+    assert "low" not in out.num_scheduled_tokens and "high" in out.num_scheduled_tokens
+    assert ("take", "a", True) in charges and ("refund", "a", None) in charges
+    assert charges.count(("refund", "a", None)) == charges.count(("take", "a", True))
+
+
+def test_throttled_request_keeps_kv_and_slot_and_resumes_without_recompute():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    r = make_request("r", user="a", prompt_len=40, max_tokens=10)
+    e.add(r)
+    e.step()  # prefill and the first token (the burst of N=1 is one token)
+    blocks = s.kv_cache_manager.get_block_ids("r")
+    computed = r.num_computed_tokens
+    for _ in range(20):
+        out = e.step()
+        assert "r" not in out.num_scheduled_tokens
+        assert "r" not in out.preempted_req_ids
+        assert r in s.running and r.status.name == "RUNNING"
+        assert s.kv_cache_manager.get_block_ids("r") == blocks
+        assert r.num_computed_tokens == computed
+    clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
+    out = e.step()
+    assert out.num_scheduled_tokens["r"] == 1  # a decode step, no recompute
+    assert r.num_output_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "admitted"), [(8, True), (2, False)], ids=["active<seqs", "active=seqs"]
+)
+def test_throttled_requests_do_not_count_toward_active_cap(max_num_seqs, admitted):
+    clock = FakeClock()
+    s = create_scheduler(
+        default_tps=1, user_tps={"b": 1000}, max_num_seqs=max_num_seqs, max_num_active_seqs=2, clock=clock
+    )
+    e = Engine(s, clock, step_s=0.01)
+    e.add(make_request("a0", user="a", max_tokens=100), make_request("a1", user="a", max_tokens=100))
+    e.step()
+    e.step()  # both of user a's requests are now throttled
+    b = make_request("b0", user="b", max_tokens=100)
+    e.add(b)
+    out = e.step()
+    assert ("b0" in out.num_scheduled_tokens) is admitted
+    assert len(s.running) == (3 if admitted else 2)
+
+
+def test_running_loop_schedules_at_most_the_active_cap():
+    clock = FakeClock()
+    s = create_scheduler(
+        default_tps=1, user_tps={"b": 1000}, max_num_seqs=8, max_num_active_seqs=2, clock=clock
+    )
+    e = Engine(s, clock, step_s=0.01)
+    e.add(make_request("a0", user="a", max_tokens=100), make_request("a1", user="a", max_tokens=100))
+    e.step()
+    e.step()
+    e.add(*[make_request(f"b{i}", user="b", max_tokens=100) for i in range(4)])
+    for _ in range(5):
+        out = e.step()
+        assert len(out.num_scheduled_tokens) <= 2
+    assert len(s.running) == 4  # a0, a1 throttled; two of b admitted
+
+
+def test_preemption_picks_a_throttled_victim_first():
+    def run(throttle_t: bool):
+        clock = FakeClock()
+        s = create_scheduler(
+            default_tps=1000,
+            user_tps={"t": 1 if throttle_t else 1000},
+            num_blocks=5,
+            block_size=16,
+            clock=clock,
+        )
+        e = Engine(s, clock, step_s=0.01)
+        e.add(*[make_request(name, user=name, prompt_len=16, max_tokens=50) for name in "txy"])
+        e.step()  # three prompts of one block each, first tokens
+        return e.step()  # x takes the 4th block; y needs a 5th
+
+    out = run(throttle_t=True)
+    assert out.preempted_req_ids == {"t"}
+    assert {"x", "y"} <= set(out.num_scheduled_tokens)
+    control = run(throttle_t=False)  # without throttling, FCFS takes the last one
+    assert control.preempted_req_ids == {"y"}
+
+
+def test_wait_seconds_tell_the_engine_how_long_to_block():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"fast": 50}, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    assert s.get_output_rate_wait_seconds() is None
+    e.add(make_request("r", user="a", max_tokens=10))
+    e.step()  # first token
+    assert s.get_output_rate_wait_seconds() is None  # nobody refused yet
+    e.step()  # refused: ready at TAT - burst = 1 s - 0.1 s after the start
+    ready = s.output_rate_limiter.ready_at_ns("a")
+    assert s.get_output_rate_wait_seconds() == 0.05  # capped at 50 ms
+    clock.now_ns = ready - 20_000_000
+    assert s.get_output_rate_wait_seconds() == pytest.approx(0.02)
+    clock.now_ns = ready + 1
+    assert s.get_output_rate_wait_seconds() == 0
+
+
+def test_anonymous_requests_share_one_budget():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=10, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    anon = [make_request(f"n{i}", user=None, max_tokens=1000) for i in range(3)]
+    e.add(*anon)
+    assert {r.output_rate_user for r in anon} == {"__anonymous__"}
+    e.run_for_s(3.0)
+    # One budget: 3 s at 10 tok/s plus the burst of 2, not three times that.
+    assert 30 <= sum(sampled_counts(e, anon)) <= 32
+
+
+def test_engine_events_record_dispatch_emit_and_finish(tmp_path, monkeypatch):
+    from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH, read_engine_events
+
+    path = tmp_path / "events.rbev"
+    monkeypatch.setenv("VLLM_OUTPUT_RATE_EVENTS_FILE", str(path))
+    clock = FakeClock()
+    s = create_scheduler(default_tps=50, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    reqs = [make_request(f"r{i}", user="a", max_tokens=20) for i in range(2)]
+    reqs.append(make_request("cut", user="b", max_tokens=1000))
+    e.add(*reqs)
+    e.run_for_s(0.5)
+    s.finish_requests("cut", reqs[2].status.FINISHED_ABORTED)
+    e.run_for_s(0.5)
+    s.shutdown()
+    ev = read_engine_events(path)
+    assert ev.meta["default_tps"] == 50 and not ev.truncated
+    rec = ev.records
+    names = [ev.strings[i] for i in rec["req"]]
+    for r in reqs:
+        mine = [i for i, n in enumerate(names) if n == r.request_id]
+        kinds = rec["kind"][mine]
+        assert (kinds == KIND_DISPATCH).sum() == r.num_output_tokens
+        assert rec["count"][mine][kinds == KIND_EMIT].sum() == r.num_output_tokens
+        finish = rec[mine][kinds == KIND_FINISH]
+        assert len(finish) == 1 and finish["count"][0] == r.num_output_tokens
+        # dispatch times are the limiter's clock at the step that charged them
+        assert set(rec["t_ns"][mine][kinds == KIND_DISPATCH]) <= set(e.token_times[r.request_id])
+    reasons = {ev.strings[f["req"]]: f["reason"] for f in ev.of_kind(KIND_FINISH)}
+    assert reasons == {"r0": 2, "r1": 2, "cut": 3}  # length, length, abort
+
+
+# ---- with the feature off, the scheduler is the upstream one ---------------------------
+
+
+def _pristine_scheduler_classes():
+    """Upstream Scheduler and AsyncScheduler, built from the pristine sources that
+    ratebench's patch series reverts to (in memory, nothing on disk changes)."""
+    import importlib.util
+    import sys
+    import types
+    from pathlib import Path
+
+    import vllm
+
+    from ratebench.patching import read_pristine_files
+
+    pristine = read_pristine_files()
+    source = pristine["vllm/v1/core/sched/scheduler.py"].decode()
+    mod = types.ModuleType("ratebench_pristine_scheduler")
+    mod.__file__ = "<pristine vllm/v1/core/sched/scheduler.py>"
+    sys.modules[mod.__name__] = mod
+    exec(compile(source, mod.__file__, "exec"), mod.__dict__)
+    async_path = Path(vllm.__file__).parent / "v1/core/sched/async_scheduler.py"
+    async_source = async_path.read_text().replace(
+        "from vllm.v1.core.sched.scheduler import Scheduler",
+        "from ratebench_pristine_scheduler import Scheduler",
+    )
+    amod = types.ModuleType("ratebench_pristine_async_scheduler")
+    exec(compile(async_source, str(async_path), "exec"), amod.__dict__)
+    assert importlib.util.find_spec("vllm") is not None
+    return mod.Scheduler, amod.AsyncScheduler
+
+
+def _random_workload(seed: int):
+    rng = random.Random(seed)
+    arrivals = []
+    for i in range(60):
+        arrivals.append(
+            dict(
+                step=rng.randrange(0, 150),
+                id=f"q{i}",
+                user=rng.choice(["a", "b", None]),
+                prompt_len=rng.choice([5, 16, 40, 100, 300]),
+                max_tokens=rng.randrange(1, 60),
+                priority=rng.randrange(0, 2),
+                abort_after=rng.choice([None, None, None, rng.randrange(1, 30)]),
+            )
+        )
+    return arrivals
+
+
+def _trace(scheduler_cls, async_scheduling: bool, seed: int, policy: str):
+    clock = FakeClock()
+    s = create_scheduler(
+        default_tps=None,
+        max_num_seqs=12,
+        max_num_active_seqs=6,
+        max_num_batched_tokens=128,
+        num_blocks=40,
+        block_size=16,
+        policy=policy,
+        async_scheduling=async_scheduling,
+        enable_prefix_caching=True,
+        clock=clock,
+        scheduler_cls=scheduler_cls,
+    )
+    e = Engine(s, clock, step_s=0.01)
+    workload = _random_workload(seed)
+    trace = []
+    aborts: dict[int, list[str]] = {}
+    for step in range(250):
+        for w in workload:
+            if w["step"] == step:
+                e.add(
+                    make_request(
+                        w["id"],
+                        user=w["user"],
+                        prompt_len=w["prompt_len"],
+                        max_tokens=w["max_tokens"],
+                        priority=w["priority"],
+                        prompt_token=7 + int(w["id"][1:]) % 3,
+                        arrival_time=1000.0 + step * 0.01 + int(w["id"][1:]) * 1e-6,
+                    )
+                )
+                if w["abort_after"]:
+                    aborts.setdefault(step + w["abort_after"], []).append(w["id"])
+        if step in aborts:
+            from vllm.v1.request import RequestStatus
+
+            s.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
+        out = e.step()
+        trace.append(
+            (
+                dict(out.num_scheduled_tokens),
+                sorted(r.req_id for r in out.scheduled_new_reqs),
+                sorted(out.preempted_req_ids),
+                sorted(out.finished_req_ids),
+                out.total_num_scheduled_tokens,
+            )
+        )
+    return trace
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@SYNC_AND_ASYNC
+def test_feature_off_schedules_exactly_like_upstream(async_scheduling, policy):
+    pristine_sync, pristine_async = _pristine_scheduler_classes()
+    pristine_cls = pristine_async if async_scheduling else pristine_sync
+    for seed in (1, 2):
+        patched = _trace(None, async_scheduling, seed, policy)
+        upstream = _trace(pristine_cls, async_scheduling, seed, policy)
+        assert any(step[2] for step in upstream), "workload must cause preemptions"
+        assert patched == upstream
