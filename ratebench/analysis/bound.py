@@ -83,40 +83,57 @@ class BoundResult:
     worst: WorstWindow | None  # None when there are no events
 
 
-def _worst_pair(t_rel: np.ndarray, c_incl: np.ndarray, c: np.ndarray, limit_tps: int):
-    """(i, j, max of u_j - v_i) on one group; t_rel int64 ns from the group's first event."""
-    n_tokens = int(c_incl[-1])
+def _worst_pair(t_rel: np.ndarray, c_incl: np.ndarray | None, c: np.ndarray | None, limit_tps: int):
+    """(i, j, max of u_j - v_i) on one group; t_rel int64 ns from the group's first event.
+
+    ``c`` None: one token per event, where u = v = k * 1e9 - N t_k.
+    """
+    n = len(t_rel)
+    n_tokens = n if c_incl is None else int(c_incl[-1])
     span_ns = int(t_rel[-1])
     if n_tokens * NS_PER_S + limit_tps * span_ns < _INT64_SAFE:
-        nt = np.int64(limit_tps) * t_rel
-        u = (c_incl - 1) * np.int64(NS_PER_S) - nt
-        v = (c_incl - c) * np.int64(NS_PER_S) - nt
+        nt = t_rel * np.int64(limit_tps)
+        if c is None:
+            u = np.arange(0, n * NS_PER_S, NS_PER_S, dtype=np.int64)
+            u -= nt
+            v = u
+        else:
+            u = (c_incl - 1) * np.int64(NS_PER_S) - nt
+            v = u - (c - 1) * np.int64(NS_PER_S)
     else:  # exact, slower: Python integers
         nt = t_rel.astype(object) * int(limit_tps)
-        ci = c_incl.astype(object)
-        u = (ci - 1) * NS_PER_S - nt
-        v = (ci - c.astype(object)) * NS_PER_S - nt
-    run_min = np.minimum.accumulate(v)
-    d = u - run_min
+        ci = np.arange(1, n + 1, dtype=np.int64) if c_incl is None else c_incl
+        cc = np.ones(n, dtype=np.int64) if c is None else c
+        u = (ci.astype(object) - 1) * NS_PER_S - nt
+        v = u - (cc.astype(object) - 1) * NS_PER_S
+    d = u - np.minimum.accumulate(v)
     j = int(np.argmax(d))
     i = int(np.argmin(v[: j + 1]))
     return i, j, int(d[j])
 
 
-def _result(t: np.ndarray, c: np.ndarray, limit_tps: int, burst_ns: int, tolerance_ns: int) -> BoundResult:
+def bound_result(
+    t: np.ndarray, c: np.ndarray | None, limit_tps: int, burst_ns: int = BURST_NS, tolerance_ns: int = 0
+) -> BoundResult:
+    """The bound on one user's time-sorted events (``c`` None: one token each; no zero counts)."""
     n = len(t)
     if n == 0:
         return BoundResult(limit_tps, burst_ns, tolerance_ns, 0, 0, True, None)
-    c_incl = np.cumsum(c, dtype=np.int64)
-    t_rel = (t - t[0]).astype(np.int64)
+    c_incl = None if c is None else np.cumsum(c, dtype=np.int64)
+    t_rel = t - t[0]
+    if t_rel.dtype != np.int64:
+        t_rel = t_rel.astype(np.int64)
     i, j, max_diff = _worst_pair(t_rel, c_incl, c, limit_tps)
     budget = limit_tps * (burst_ns + tolerance_ns)
-    tokens = int(c_incl[j] - (c_incl[i] - c[i]))
+    if c is None:
+        tokens, total = j - i + 1, n
+    else:
+        tokens, total = int(c_incl[j] - (c_incl[i] - c[i])), int(c_incl[-1])
     width_ns = int(t[j] - t[i])
     allowed = (width_ns + burst_ns + tolerance_ns) * limit_tps / NS_PER_S + 1
     slack = (budget - max_diff) / NS_PER_S
     worst = WorstWindow(int(t[i]), int(t[j]), tokens, allowed, slack)
-    return BoundResult(limit_tps, burst_ns, tolerance_ns, n, int(c_incl[-1]), max_diff <= budget, worst)
+    return BoundResult(limit_tps, burst_ns, tolerance_ns, n, total, max_diff <= budget, worst)
 
 
 def check_bound(
@@ -155,22 +172,26 @@ def check_bound_grouped(
     """
     t = np.asarray(t_ns, dtype=np.int64)
     keys = np.asarray(keys)
-    c = np.ones(len(t), dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
-    if np.any(c < 0):
-        raise ValueError("token counts must be non-negative")
+    c = None if counts is None else np.asarray(counts, dtype=np.int64)
+    if c is not None:
+        if np.any(c < 0):
+            raise ValueError("token counts must be non-negative")
+        keep = c > 0  # an event carrying no tokens adds nothing to any window
+        if not keep.all():
+            t, keys, c = t[keep], keys[keep], c[keep]
+        if np.all(c == 1):
+            c = None
     by_time = time_order(t)
     if by_time is not None:
-        t, keys, c = t[by_time], keys[by_time], c[by_time]
+        t, keys = t[by_time], keys[by_time]
+        c = None if c is None else c[by_time]
     groups = group_by(keys)
+    t = t[groups.order]
+    c = None if c is None else c[groups.order]
     out: dict[int, BoundResult] = {}
     for _, key, sl in groups.slices():
         limit = limit_tps.get(int(key))
         if limit is None:
             continue
-        idx = groups.order[sl]
-        tg, cg = t[idx], c[idx]
-        keep = cg > 0  # an event carrying no tokens adds nothing to any window
-        if not keep.all():
-            tg, cg = tg[keep], cg[keep]
-        out[int(key)] = _result(tg, cg, int(limit), burst_ns, tolerance_ns)
+        out[int(key)] = bound_result(t[sl], None if c is None else c[sl], int(limit), burst_ns, tolerance_ns)
     return out

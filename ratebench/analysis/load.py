@@ -196,7 +196,8 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         if order is not None:
             recs = recs[order]
         run.traces[name] = _trace(name, events, recs, records, phase_of_key)
-        unmatched = int(np.count_nonzero(run.traces[name].req_record[np.unique(recs["req"])] < 0)) if len(recs) else 0
+        used = np.flatnonzero(np.bincount(recs["req"], minlength=len(events.strings))) if len(recs) else []
+        unmatched = int(np.count_nonzero(run.traces[name].req_record[used] < 0))
         if unmatched:
             run.warnings.append(f"engine {name}: {unmatched} engine requests match no client record")
     return run

@@ -49,11 +49,10 @@ def rate_figures(
 ) -> RateFigures:
     """Seed and steady rates of time-sorted events (``counts`` tokens each, default 1)."""
     t = np.asarray(t_ns, dtype=np.int64)
-    c = np.ones(len(t), dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64)
     if len(t) == 0:
         return RateFigures(0, None, None, None, None, None, 0)
-    cum = np.cumsum(c)
-    tokens = int(cum[-1])
+    cum = None if counts is None else np.cumsum(counts, dtype=np.int64)
+    tokens = len(t) if cum is None else int(cum[-1])
     first, last = int(t[0]), int(t[-1])
     seed = tokens * NS_PER_S / (last - first) if last > first else None
     steady = None
@@ -68,7 +67,7 @@ def rate_figures(
     k = int(np.searchsorted(t, first + UNLIMITED_WARMUP_NS, side="left"))
     if k < len(t) - 1:
         steady_start = int(t[k])
-        steady_tokens = int(cum[-1] - cum[k])
+        steady_tokens = tokens - (k + 1 if cum is None else int(cum[k]))
         if last > steady_start:
             steady = steady_tokens * NS_PER_S / (last - steady_start)
     return RateFigures(tokens, first, last, seed, steady, steady_start, steady_tokens)

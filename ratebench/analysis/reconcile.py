@@ -37,10 +37,14 @@ class EngineRequestTotals:
 
 def engine_request_totals(records: np.ndarray, n_codes: int) -> EngineRequestTotals:
     """Vectorized per-request totals of one engine event file (RECORD_DTYPE)."""
-    kind, req = records["kind"], records["req"].astype(np.int64)
+    kind, req = records["kind"], records["req"]
     em = kind == KIND_EMIT
-    emitted = np.bincount(req[em], weights=records["count"][em], minlength=n_codes).astype(np.int64)
-    emit_events = np.bincount(req[em], minlength=n_codes)
+    e_req, e_c = req[em], records["count"][em]
+    if len(e_c) and e_c.max() == 1:
+        emitted = np.bincount(e_req, minlength=n_codes)
+    else:
+        emitted = np.bincount(e_req, weights=e_c, minlength=n_codes).astype(np.int64)
+    emit_events = np.bincount(e_req, minlength=n_codes)
     dispatched = np.bincount(req[kind == KIND_DISPATCH], minlength=n_codes)
     fin = np.flatnonzero(kind == KIND_FINISH)
     finish_count = np.full(n_codes, -1, dtype=np.int64)
@@ -48,20 +52,47 @@ def engine_request_totals(records: np.ndarray, n_codes: int) -> EngineRequestTot
     finish_ns = np.full(n_codes, NO_TIME, dtype=np.int64)
     # the first finish event of a request wins (assigning in reverse order)
     fin = fin[::-1]
-    finish_count[req[fin]] = records["count"][fin]
-    finish_reason[req[fin]] = records["reason"][fin]
-    finish_ns[req[fin]] = records["t_ns"][fin]
-    return EngineRequestTotals(emitted, emit_events, dispatched, finish_count, finish_reason, finish_ns)
+    fin_req = req[fin]
+    finish_count[fin_req] = records["count"][fin]
+    finish_reason[fin_req] = records["reason"][fin]
+    finish_ns[fin_req] = records["t_ns"][fin]
+    return EngineRequestTotals(emitted.astype(np.int64, copy=False), emit_events, dispatched, finish_count,
+                               finish_reason, finish_ns)
 
 
 def events_after(records: np.ndarray, cutoff_ns: np.ndarray, kinds=(KIND_DISPATCH, KIND_EMIT)):
     """Per request code: (events, tokens) of the given kinds strictly after ``cutoff_ns[req]``."""
     n_codes = len(cutoff_ns)
-    sel = np.isin(records["kind"], kinds)
-    req = records["req"][sel].astype(np.int64)
+    kind = records["kind"]
+    sel = kind == kinds[0]
+    for k in kinds[1:]:
+        sel |= kind == k
+    req = records["req"][sel]
     late = records["t_ns"][sel] > cutoff_ns[req]
-    n = np.bincount(req[late], minlength=n_codes)
-    tok = np.bincount(req[late], weights=records["count"][sel][late], minlength=n_codes).astype(np.int64)
+    late_req = req[late]
+    n = np.bincount(late_req, minlength=n_codes)
+    tok = np.bincount(late_req, weights=records["count"][sel][late], minlength=n_codes).astype(np.int64)
+    return n, tok
+
+
+def events_after_grouped(t_grouped: np.ndarray, groups, cutoff_ns: np.ndarray,
+                         counts_grouped: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``events_after`` on events already grouped by request (``group_by`` of request codes).
+
+    Only requests whose last event is past their cutoff are looked at: O(requests), plus
+    a binary search in each such request (usually none).
+    """
+    n_codes = len(cutoff_ns)
+    n = np.zeros(n_codes, dtype=np.int64)
+    tok = np.zeros(n_codes, dtype=np.int64)
+    if len(groups) == 0:
+        return n, tok
+    last = t_grouped[groups.ends - 1]
+    for g in np.flatnonzero(last > cutoff_ns[groups.keys]):
+        key, lo, hi = int(groups.keys[g]), int(groups.starts[g]), int(groups.ends[g])
+        first_late = lo + int(np.searchsorted(t_grouped[lo:hi], cutoff_ns[key], side="right"))
+        n[key] = hi - first_late
+        tok[key] = hi - first_late if counts_grouped is None else int(counts_grouped[first_late:hi].sum())
     return n, tok
 
 

@@ -7,10 +7,11 @@ Vectorized over events: one stable sort per grouping, then one pass per group
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
-from ratebench.analysis.bound import _result, check_bound_grouped
+from ratebench.analysis.bound import bound_result, check_bound_grouped
 from ratebench.analysis.fairness import stream_spread
 from ratebench.analysis.gaps import gap_stats, gaps_merged, gaps_per_request
 from ratebench.analysis.load import RunData
@@ -19,7 +20,7 @@ from ratebench.analysis.reconcile import (
     NO_TIME,
     RequestCheck,
     engine_request_totals,
-    events_after,
+    events_after_grouped,
     reconcile_request,
     view_of,
 )
@@ -89,61 +90,100 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     strings = trace.events.strings
     n_codes = max(len(strings), 1)
     kind = recs["kind"]
-    d = recs[kind == KIND_DISPATCH]
-    e = recs[kind == KIND_EMIT]
-    d_t, d_req, d_user = d["t_ns"], d["req"].astype(np.int64), d["user"].astype(np.int64)
-    e_t, e_req, e_user = e["t_ns"], e["req"].astype(np.int64), e["user"].astype(np.int64)
-    e_c = e["count"].astype(np.int64)
-    step = estimate_engine_step(d_t, d_req, e_t, e_req, e_c)
+    dm, em = kind == KIND_DISPATCH, kind == KIND_EMIT
+    t_col, req_col, user_col = recs["t_ns"], recs["req"], recs["user"]
+    d_t, d_req, d_user = t_col[dm], req_col[dm], user_col[dm]
+    e_t, e_req, e_user = t_col[em], req_col[em], user_col[em]
+    e_c = recs["count"][em].astype(np.int64)
+    if len(e_c) and e_c.min() == 0:  # an emit of no tokens adds nothing
+        keep = e_c > 0
+        e_t, e_req, e_user, e_c = e_t[keep], e_req[keep], e_user[keep], e_c[keep]
+    e_unit = bool(len(e_c) == 0 or e_c.max() == 1)
+
+    # per-request groupings, shared by the step estimate and the per-request gaps
+    d_by_req, e_by_req = group_by(d_req), group_by(e_req)
+    step = estimate_engine_step(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req)
     summary.engine_steps[name] = step
     if step.method != "dispatch-to-emit" and len(e_t):
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
     tol = step.longest_ns
 
-    user_codes = np.unique(np.concatenate([d_user, e_user])) if len(recs) else np.empty(0, dtype=np.int64)
+    user_codes = np.flatnonzero(np.bincount(user_col, minlength=n_codes)) if len(recs) else []
     limits = {int(c): eng.limit_of(strings[c]) for c in user_codes}
-    # the whole file: a limiter's state carries across phases
-    whole_d = check_bound_grouped(d_t, d_user, limits, burst_ns=th.burst_ns)
-    whole_e = check_bound_grouped(e_t, e_user, limits, counts=e_c, burst_ns=th.burst_ns, tolerance_ns=tol)
+    req_stream = request_streams(run, trace)
+    req_phase = trace.req_phase
+
+    # per-request emit gaps: the gap from the previous emit of the same request, at each emit (-1: first)
+    e_t_r = e_t[e_by_req.order]
+    gap_at_emit = np.full(len(e_t), -1, dtype=np.int64)
+    if len(e_t) > 1:
+        e_codes_r = e_by_req.codes[e_by_req.order]
+        same = e_codes_r[1:] == e_codes_r[:-1]
+        gap_at_emit[e_by_req.order[1:][same]] = np.diff(e_t_r)[same]
+
+    # per phase and user
+    phase_bounds: dict[str, dict[int, tuple[int, object]]] = {"dispatch": {}, "emit": {}}
+    all_in_phases = True
+    for label, t_all, req_all, user_all, c_all in (
+        ("dispatch", d_t, d_req, d_user, None),
+        ("emit", e_t, e_req, e_user, None if e_unit else e_c),
+    ):
+        ph = req_phase[req_all] if len(req_all) else np.empty(0, dtype=np.int64)
+        m = ph >= 0
+        if m.all():
+            groups = group_by(ph * n_codes + user_all)
+            order = groups.order
+        else:
+            all_in_phases = False
+            sel = np.flatnonzero(m)
+            groups = group_by(ph[sel] * n_codes + user_all[sel])
+            order = sel[groups.order]
+        t, req = t_all[order], req_all[order]
+        c = None if c_all is None else c_all[order]
+        request_gaps = gap_at_emit[order] if label == "emit" else None
+        for _, key, sl in groups.slices():
+            p_index, u_code = divmod(int(key), n_codes)
+            row = _row(run, summary, p_index, strings[u_code])
+            tg, rg = t[sl], req[sl]
+            cg = None if c is None else c[sl]
+            if label == "dispatch":
+                if row.limit_tps:
+                    row.bound_dispatch = bound_result(tg, None, row.limit_tps, th.burst_ns, 0)
+                    phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_dispatch))
+                row.dispatch_rate = rate_figures(tg, None, row.limit_tps, th.burst_ns)
+                if row.streams > 1 or (len(rg) and rg.min() != rg.max()):
+                    streams = req_stream[rg]
+                    row.stream_spread = stream_spread(tg, streams if streams.min() >= 0 else rg)
+            else:
+                if row.limit_tps:
+                    row.bound_emit = bound_result(tg, cg, row.limit_tps, th.burst_ns, tol)
+                    phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_emit))
+                row.emit_rate = rate_figures(tg, cg, row.limit_tps, th.burst_ns)
+                g = request_gaps[sl]
+                row.gaps_emit_request = gap_stats(g[g >= 0])
+                row.gaps_emit_user = gap_stats(gaps_merged(tg))
+
+    # the whole file: a limiter's state carries across phases. When every event is in a
+    # phase and each user ran in one phase only, that phase's result is the whole file's.
+    def whole(label, t_all, user_all, counts, tolerance):
+        per_user = phase_bounds[label]
+        present = np.flatnonzero(np.bincount(user_all, minlength=n_codes)) if len(user_all) else []
+        limited = {int(u) for u in present if limits.get(int(u)) is not None}
+        if all_in_phases and set(per_user) == limited and all(
+                len(v) == 1 and v[0][0] == limits[u] for u, v in per_user.items()):
+            return {u: v[0][1] for u, v in per_user.items()}
+        return check_bound_grouped(t_all, user_all, limits, counts=counts, burst_ns=th.burst_ns,
+                                   tolerance_ns=tolerance)
+
+    whole_d = whole("dispatch", d_t, d_user, None, 0)
+    whole_e = whole("emit", e_t, e_user, None if e_unit else e_c, tol)
     for c in user_codes:
         c = int(c)
         if limits.get(c) is not None:
             summary.engine_bounds.append(
                 EngineUserBound(name, strings[c], int(limits[c]), whole_d.get(c), whole_e.get(c))
             )
-
-    req_stream = request_streams(run, trace)
     has = trace.req_record >= 0
-
-    # per phase and user
-    for t_all, req_all, user_all, c_all, is_emit in (
-        (d_t, d_req, d_user, None, False),
-        (e_t, e_req, e_user, e_c, True),
-    ):
-        ph = trace.req_phase[req_all] if len(req_all) else np.empty(0, dtype=np.int64)
-        m = ph >= 0
-        t, req, user = t_all[m], req_all[m], user_all[m]
-        c = c_all[m] if c_all is not None else None
-        groups = group_by(ph[m] * n_codes + user)
-        for _, key, sl in groups.slices():
-            idx = groups.order[sl]
-            p_index, u_code = divmod(int(key), n_codes)
-            row = _row(run, summary, p_index, strings[u_code])
-            tg, rg = t[idx], req[idx]
-            if not is_emit:
-                if row.limit_tps:
-                    row.bound_dispatch = _result(tg, np.ones(len(tg), dtype=np.int64), row.limit_tps, th.burst_ns, 0)
-                row.dispatch_rate = rate_figures(tg, None, row.limit_tps, th.burst_ns)
-                if row.streams > 1 or len(np.unique(rg)) > 1:
-                    row.stream_spread = stream_spread(tg, req_stream[rg] if (req_stream[rg] >= 0).all() else rg)
-            else:
-                cg = c[idx]
-                if row.limit_tps:
-                    keep = cg > 0
-                    row.bound_emit = _result(tg[keep], cg[keep], row.limit_tps, th.burst_ns, tol)
-                row.emit_rate = rate_figures(tg, cg, row.limit_tps, th.burst_ns)
-                row.gaps_emit_request = gap_stats(gaps_per_request(tg, rg))
-                row.gaps_emit_user = gap_stats(gaps_merged(tg))
 
     # reconciliation: per-request totals, then one Python step per client record
     totals = engine_request_totals(recs, n_codes)
@@ -152,8 +192,12 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         r = run.records[trace.req_record[code]]
         if r.cancelled:
             cancel_cut[code] = r.cancel_ns if r.cancel_ns is not None else (r.done_ns or NO_TIME)
-    after_cancel = events_after(recs, cancel_cut, kinds=(KIND_EMIT,))
-    after_finish = events_after(recs, totals.finish_ns)
+    e_c_r = None if e_unit else e_c[e_by_req.order]
+    after_cancel = (events_after_grouped(e_t_r, e_by_req, cancel_cut, e_c_r) if (cancel_cut < NO_TIME).any()
+                    else None)
+    d_late, _ = events_after_grouped(d_t[d_by_req.order], d_by_req, totals.finish_ns)
+    e_late, e_late_tok = events_after_grouped(e_t_r, e_by_req, totals.finish_ns, e_c_r)
+    after_finish = (d_late + e_late, e_late_tok)
     code_of_record = {int(trace.req_record[code]): int(code) for code in np.flatnonzero(has)}
     for i, r in enumerate(run.records):
         if r.engine != name:
@@ -195,17 +239,24 @@ def _summarize_clients(run: RunData, summary: RunSummary, th: Thresholds, phase_
         with_chunks = [r for r in recs if r.chunk_ns]
         if not with_chunks:
             continue
-        per_req_t = [np.asarray(r.chunk_ns, dtype=np.int64) for r in with_chunks]
-        per_req_c = [np.asarray(r.chunk_tokens, dtype=np.int64) for r in with_chunks]
-        t = np.concatenate(per_req_t)
-        c = np.concatenate(per_req_c)
+        lengths = np.fromiter((len(r.chunk_ns) for r in with_chunks), dtype=np.int64, count=len(with_chunks))
+        n_chunks = int(lengths.sum())
+        t = np.fromiter(chain.from_iterable(r.chunk_ns for r in with_chunks), dtype=np.int64, count=n_chunks)
+        unit = sum(r.streamed_tokens for r in with_chunks) == n_chunks and all(
+            min(r.chunk_tokens) == 1 for r in with_chunks)
+        c = None if unit else np.fromiter(chain.from_iterable(r.chunk_tokens for r in with_chunks),
+                                          dtype=np.int64, count=n_chunks)
+        # per-request gaps: consecutive chunks of one record (records are concatenated whole)
+        same_request = np.ones(n_chunks, dtype=bool)
+        same_request[np.cumsum(lengths)[:-1]] = False
+        row.gaps_client_request = gap_stats(np.diff(t)[same_request[1:]])
         order = np.argsort(t, kind="stable")
-        t, c = t[order], c[order]
+        t = t[order]
+        c = None if c is None else c[order]
         row.client_rate = rate_figures(t, c, row.limit_tps, th.burst_ns)
         if row.limit_tps:
-            keep = c > 0
-            row.bound_client = _result(t[keep], c[keep], row.limit_tps, th.burst_ns, 0)
-        row.gaps_client_request = gap_stats(np.concatenate([np.diff(x) for x in per_req_t]))
+            keep = slice(None) if c is None else c > 0
+            row.bound_client = bound_result(t[keep], None if c is None else c[keep], row.limit_tps, th.burst_ns, 0)
         row.gaps_client_user = gap_stats(gaps_merged(t))
 
 

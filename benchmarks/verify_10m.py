@@ -1,0 +1,197 @@
+"""Benchmark: verify-bound on a synthetic run of 10 million engine events across 1,000 users.
+
+    .venv/bin/python benchmarks/verify_10m.py [--events 10000000] [--users 1000] [--dir DIR] [--no-plots]
+
+Builds the run folder with numpy (a correct GCRA trace per user: 4 streams,
+requests of 250 tokens, 5 ms engine steps, one dispatch and one emit event per
+token, one finish event per request, and a client record with every chunk per
+request), then runs the whole verify (load, analysis, checks, plots, verdict.json,
+report.md) in a child process and prints events/second, wall time per stage and
+the child's peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ratebench._io import atomic_write_json
+from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH, RECORD_DTYPE, EventFileWriter
+
+NS = 1_000_000_000
+BURST_NS = 100_000_000
+STEP_NS = 5_000_000
+STREAMS = 4
+REQ_TOKENS = 250
+RUN_ID = "be0c1000"
+
+
+def build_run(run_dir: Path, n_events: int, n_users: int, seed: int = 0) -> dict:
+    """Write a complete run folder; returns what it holds."""
+    rng = np.random.default_rng(seed)
+    per_user_block = STREAMS * REQ_TOKENS
+    tokens_per_user = max(per_user_block, (n_events // (2 * n_users)) // per_user_block * per_user_block)
+    reqs_per_stream = tokens_per_user // (STREAMS * REQ_TOKENS)
+    reqs_per_user = STREAMS * reqs_per_stream
+    limits = rng.choice([20, 50, 100, 200, 500], size=n_users)
+    start0 = 10**12
+    starts = start0 + rng.integers(0, NS, size=n_users)
+
+    k = np.arange(tokens_per_user, dtype=np.int64)
+    user = np.repeat(np.arange(n_users, dtype=np.int64), tokens_per_user)
+    kk = np.tile(k, n_users)
+    n_u = limits[user].astype(np.int64)
+    # GCRA, backlogged, asked once per step: token k goes at the first step at or after TAT_k - burst
+    rel = -((-(kk * NS - BURST_NS * n_u)) // n_u)  # ceil division
+    rel = np.maximum(rel, 0)
+    rel = -((-rel) // STEP_NS) * STEP_NS
+    d_t = starts[user] + rel
+    stream = kk % STREAMS
+    j = kk // STREAMS
+    req_local = stream * reqs_per_stream + j // REQ_TOKENS
+    req = user * reqs_per_user + req_local  # global request number
+    e_t = d_t + STEP_NS - 1000
+
+    n_req = n_users * reqs_per_user
+    user_strings = [f"user-{u:04d}" for u in range(n_users)]
+    req_strings = [f"cmpl-rb-{RUN_ID}-{r}-0-{r * 2654435761 % 2**32:08x}" for r in range(n_req)]
+    req_code = req + n_users  # string table: users first, then requests
+    # finish event: at the emit of each request's last token
+    last_tok = (j % REQ_TOKENS) == REQ_TOKENS - 1
+
+    total = 2 * len(kk) + int(last_tok.sum())
+    rec = np.zeros(total, dtype=RECORD_DTYPE)
+    n = len(kk)
+    rec["t_ns"][:n], rec["kind"][:n], rec["req"][:n], rec["user"][:n], rec["count"][:n] = d_t, KIND_DISPATCH, req_code, user, 1
+    rec["t_ns"][n:2 * n], rec["kind"][n:2 * n], rec["req"][n:2 * n] = e_t, KIND_EMIT, req_code
+    rec["user"][n:2 * n], rec["count"][n:2 * n] = user, 1
+    f = rec[2 * n:]
+    f["t_ns"], f["kind"], f["reason"], f["req"], f["user"], f["count"] = (
+        e_t[last_tok], KIND_FINISH, 2, req_code[last_tok], user[last_tok], REQ_TOKENS)
+    rec[2 * n:] = f
+    rec = rec[np.argsort(rec["t_ns"], kind="stable")]
+
+    ev_dir = run_dir / "engines" / "patched-sync"
+    ev_dir.mkdir(parents=True, exist_ok=True)
+    (ev_dir / "engine.log").write_text("synthetic\n")
+    user_tps = {user_strings[u]: int(limits[u]) for u in range(n_users)}
+    with EventFileWriter(ev_dir / "events.rbev", {"default_tps": 100, "user_tps": user_tps,
+                                                   "burst_ns": BURST_NS}) as w:
+        for s in user_strings + req_strings:
+            w.intern(s)
+        block = 1 << 16
+        for i in range(0, len(rec), block):
+            w.write_block(rec[i:i + block])
+
+    # client records: every token in its own chunk, 1 ms after the emit
+    order = np.lexsort((e_t, req))
+    chunk_t = (e_t + 1_000_000)[order].reshape(n_req, REQ_TOKENS)
+    with open(run_dir / "requests.jsonl", "w") as fh:
+        ones = [1] * REQ_TOKENS
+        for r in range(n_req):
+            u, local = divmod(r, reqs_per_user)
+            times = chunk_t[r].tolist()
+            fh.write(json.dumps({
+                "client_id": f"rb-{RUN_ID}-{r}", "scenario": "bench", "phase": "main", "engine": "patched-sync",
+                "user": user_strings[u], "api": "completions", "stream_index": local // reqs_per_stream,
+                "max_tokens": REQ_TOKENS, "ignore_eos": True, "prompt_tokens": 16, "scheduled_ns": times[0] - 10**7,
+                "sent_ns": times[0] - 10**7, "first_token_ns": times[0], "done_ns": times[-1], "chunk_ns": times,
+                "chunk_tokens": ones, "completion_tokens": REQ_TOKENS, "finish_reason": "length", "error": None,
+                "http_status": 200, "cancelled": False, "cancel_ns": None, "openai_user": None}) + "\n")
+    users = {user_strings[u]: {"limit_tps": int(limits[u]), "streams": STREAMS, "backlogged": True}
+             for u in range(n_users)}
+    atomic_write_json(run_dir / "scenarios.json", [{
+        "scenario": "bench", "kind": "seed-experiment", "phase": "main", "engine": "patched-sync",
+        "start_ns": int(starts.min()), "end_ns": int(rec["t_ns"][-1]), "users": users, "role": "measure",
+        "params": {"max_tokens": REQ_TOKENS, "ignore_eos": True}}])
+    atomic_write_json(run_dir / "manifest.json", {
+        "ratebench_version": "0.1.0", "run_id": RUN_ID, "profile_name": "benchmark", "profile": {},
+        "state": "complete", "partial_reason": None, "engines": {"patched-sync": {
+            "kind": "patched", "feature": True, "async_scheduling": False, "default_tps": 100, "user_tps": user_tps,
+            "flags": [], "events_file": "engines/patched-sync/events.rbev",
+            "log_file": "engines/patched-sync/engine.log", "endpoint": None}}})
+    return {"events": int(len(rec)), "users": n_users, "requests": n_req, "tokens": int(n),
+            "events_bytes": (ev_dir / "events.rbev").stat().st_size,
+            "requests_bytes": (run_dir / "requests.jsonl").stat().st_size}
+
+
+def verify_child(run_dir: Path, plots: bool) -> None:
+    """Run in a fresh process: time each stage of the whole verify; print JSON."""
+    stages: dict[str, float] = {}
+    t_all = time.perf_counter()
+    t = time.perf_counter()
+    from ratebench.analysis.checks import build_checks
+    from ratebench.analysis.load import load_run
+    from ratebench.analysis.summary import summarize_run
+    from ratebench.analysis.verdict import Thresholds
+    from ratebench.verify import VerifyResult, analyse_run, write_result  # noqa: F401
+    stages["import"] = time.perf_counter() - t
+    t = time.perf_counter()
+    result = analyse_run(run_dir, Thresholds())
+    stages.update({f"analyse_run.{k}": v for k, v in result.stage_s.items()})
+    t = time.perf_counter()
+    write_result(result, plots=plots)
+    stages["plots"] = result.stage_s.get("plots", 0.0)
+    stages["write verdict.json+report.md"] = result.stage_s.get("write", 0.0)
+    stages["total"] = time.perf_counter() - t_all
+    cpu = time.process_time()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    v = result.verdict
+    print(json.dumps({"stages_s": stages, "cpu_s": cpu, "peak_rss_bytes": rss, "passed": v.passed, "checks": len(v.checks),
+                      "failures": len(v.failures), "rows": len(v.rows)}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=10_000_000)
+    ap.add_argument("--users", type=int, default=1000)
+    ap.add_argument("--dir", type=Path, default=None, help="build here (default: a temporary folder)")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--verify-only", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.verify_only:
+        verify_child(args.verify_only, plots=not args.no_plots)
+        return
+    tmp = None
+    if args.dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="ratebench-bench-")
+        run_dir = Path(tmp.name) / "run"
+    else:
+        run_dir = args.dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    t = time.perf_counter()
+    info = build_run(run_dir, args.events, args.users)
+    print(f"built {info['events']:,} engine events, {info['requests']:,} requests, {info['users']} users "
+          f"in {time.perf_counter() - t:.1f} s (events.rbev {info['events_bytes'] / 2**20:.0f} MiB, "
+          f"requests.jsonl {info['requests_bytes'] / 2**20:.0f} MiB)")
+    cmd = [sys.executable, __file__, "--verify-only", str(run_dir)] + (["--no-plots"] if args.no_plots else [])
+    t = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=dict(os.environ))
+    wall = time.perf_counter() - t
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    total = res["stages_s"]["total"]
+    load = os.getloadavg()[0]
+    print(f"verify: {total:.2f} s wall in-process ({wall:.2f} s with interpreter start), {res['cpu_s']:.2f} s CPU, "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+    print(f"        "
+          f"{info['events'] / total / 1e6:.2f} M events/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB "
+          f"({res['peak_rss_bytes'] / info['events']:.0f} bytes/event)")
+    for name, s in res["stages_s"].items():
+        print(f"  {name:<32} {s:7.3f} s")
+    print(f"verdict: {'PASS' if res['passed'] else 'FAIL'}, {res['checks']} checks, {res['failures']} failed, "
+          f"{res['rows']} user rows")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
