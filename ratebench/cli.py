@@ -247,8 +247,9 @@ def run_cmd(
     out = _Console(soft_wrap=True, highlight=False)
     out.print(f"run folder: {outcome.run_dir}  state: {outcome.state}")
     if outcome.verdict is not None:
-        summary = getattr(outcome.verdict, "summary", None)
-        out.print(summary() if callable(summary) else str(summary or outcome.verdict))
+        from ratebench.outputs.console import print_verdict
+
+        print_verdict(outcome.verdict)
     raise typer.Exit(outcome.exit_code)
 
 # ---- verify-bound / compare ----------------------------------------------------------

@@ -33,7 +33,7 @@ from rich.console import Console
 from ratebench import __version__
 from ratebench._io import atomic_write_json
 from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready, warm_up
-from ratebench.events import write_client_records
+from ratebench.events import EventFileError, read_engine_events, write_client_records
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
     ROLE_FEATURE_OFF,
@@ -54,6 +54,7 @@ EXIT_RUN_FAILED = 3
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXTERNAL_ENGINE = "external"
+EVENTS_SETTLE_S = 0.5
 
 
 class RunError(RuntimeError):
@@ -308,22 +309,45 @@ class Run:
             t0 = time.monotonic()
             self._ready([self._launch(n) for n in patched], t0)
 
-    def stop(self, name: str) -> None:
+    def stop(self, name: str, *, settle: bool = True) -> None:
         engine = self.engines.pop(name, None)
         self.refs.pop(name, None)
         if engine is None:
             return
+        if settle:
+            # The engine flushes its events at least every 100 ms: let the last ones land.
+            time.sleep(EVENTS_SETTLE_S)
         killed = engine.stop(self.profile.shutdown_grace_s)
         entry = self.manifest["engines"].get(name, {})
         entry["stopped_monotonic_ns"] = time.monotonic_ns()
         entry["killed_pids"] = killed
         entry["exit_code"] = engine.process.returncode
+        self._record_effective_settings(name, engine, entry)
         self.write_manifest()
 
-    def stop_all(self) -> None:
+    def _record_effective_settings(self, name: str, engine: RunningEngine, entry: dict[str, Any]) -> None:
+        """What the engine says it ran with (its event file header), beside what was asked."""
+        if engine.events_path is None or not engine.events_path.is_file():
+            return
+        try:
+            meta = read_engine_events(engine.events_path).meta
+        except EventFileError as exc:
+            entry["events_error"] = str(exc)
+            return
+        entry["engine_meta"] = meta
+        effective = meta.get("async_scheduling")
+        if effective is not None and bool(effective) != engine.spec.async_scheduling:
+            # vLLM's CPU platform turns --async-scheduling off without a word.
+            msg = (f"engine {name}: asked for {'async' if engine.spec.async_scheduling else 'sync'} scheduling, "
+                   f"the engine ran {'async' if effective else 'sync'} scheduling")
+            entry["warning"] = msg
+            self.manifest.setdefault("warnings", []).append(msg)
+            self.console.print(f"[yellow]warning:[/] {msg}")
+
+    def stop_all(self, *, settle: bool = True) -> None:
         for name in list(self.engines):
             try:
-                self.stop(name)
+                self.stop(name, settle=settle)
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
                 self.console.print(f"[red]engine {name}: stop failed: {exc}[/]")
 
@@ -431,7 +455,7 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
         # A second Ctrl-C must not cut the shutdown short: it is bounded by the grace period.
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            run.stop_all()
+            run.stop_all(settle=state == "complete")
             if state != "complete" and not run.phases:
                 state = "failed"
             run.finish(state, reason)
@@ -446,18 +470,20 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
 
 
 def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:
-    """The verifier's verdict on a complete run (degrades when the verifier is not installed)."""
+    """The verifier's verdict on a complete run, written into the run folder.
+
+    Degrades with a message when the verifier is not installed or cannot read the run.
+    """
     try:
         from ratebench import verify
     except ImportError:
         console.print("[yellow]the verifier (ratebench.verify) is not installed: nothing was verified; "
                       f"run `ratebench verify-bound {run_dir}` once it is[/]")
         return None, EXIT_OK
-    verdict = verify.verify_run(run_dir)
-    writer = getattr(verify, "write_outputs", None)
-    if writer is not None:
-        writer(run_dir, verdict)
-    passed = getattr(verdict, "passed", None)
-    if passed is None:
-        passed = getattr(verdict, "ok", None)
-    return verdict, (EXIT_OK if passed or passed is None else EXIT_VERDICT_FAILED)
+    console.print("[bold]verify[/]: checking the run (verdict.json, report.md, plots/)")
+    try:
+        verdict = verify.verify_run(run_dir)
+    except verify.RunFolderError as exc:
+        console.print(f"[bold red]the verifier cannot use this run:[/] {exc}")
+        return None, EXIT_RUN_FAILED
+    return verdict, (EXIT_OK if verdict.passed else EXIT_VERDICT_FAILED)

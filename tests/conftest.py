@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 from pathlib import Path
 from typing import Iterator
@@ -32,8 +33,8 @@ def tiny_model() -> Path:
     return ensure_tiny_model()
 
 
-@pytest.fixture
-def engine_lock() -> Iterator[None]:
+@contextlib.contextmanager
+def hold_engine_lock() -> Iterator[None]:
     """One engine run at a time on this machine (other sessions share the CPUs)."""
     with ENGINE_LOCK.open("a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -41,3 +42,9 @@ def engine_lock() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture
+def engine_lock() -> Iterator[None]:
+    with hold_engine_lock():
+        yield

@@ -1,0 +1,404 @@
+"""`ratebench run` end to end on real CPU engines, with a small, fast profile.
+
+One run of every scenario kind (sync and async, feature off, stock vLLM) is shared
+by the tests of this module; a killed run and an engine that cannot start have
+their own. No assertion depends on timing: rates and the bound are the verifier's
+business (tests/test_analysis_*); here we check what was sent, recorded and
+stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ratebench.engine import group_members
+from ratebench.events import (
+    FINISH_REASONS,
+    KIND_FINISH,
+    client_id_of,
+    read_client_records,
+    read_engine_events,
+)
+from ratebench.profiles import ANONYMOUS_USER, SCENARIO_KINDS, load_profile
+from ratebench.runner import RunOptions, run_profile, verify_at_end
+
+from conftest import hold_engine_lock
+
+pytestmark = pytest.mark.e2e
+
+SMALL_PROFILE = """
+[profile]
+description = "test: every scenario kind, small and fast"
+device = "cpu"
+scheduling = ["sync", "async"]
+startup_timeout_s = 300
+shutdown_grace_s = 15
+
+[model]
+source = "tiny"
+served_name = "tiny-qwen3"
+max_model_len = 1024
+
+[engine]
+max_num_seqs = 8
+max_num_active_seqs = 2
+max_num_batched_tokens = 128
+enable_chunked_prefill = true
+enable_prefix_caching = true
+extra_args = ["--enforce-eager"]
+env = { VLLM_CPU_KVCACHE_SPACE = "1" }
+
+[limits]
+default_tps = 200
+[limits.users]
+user-a = 100
+user-b = 300
+user-fast = 5000
+bulk = 1000000
+
+[[scenarios]]
+kind = "seed-experiment"
+scheduling = ["sync", "async"]
+user = "user-a"
+neighbour = "user-b"
+streams = [1, 2]
+max_tokens = 30
+neighbour_max_tokens = 60
+
+[[scenarios]]
+kind = "isolation"
+throttled_user = "user-a"
+throttled_streams = 3
+user = "user-fast"
+streams = 1
+max_tokens = 60
+lead_s = 0.3
+
+[[scenarios]]
+kind = "cancellation"
+user = "user-b"
+streams = 2
+cancel_after_tokens = 5
+cancel_after_s = 0.3
+max_tokens = 500
+followup_streams = 1
+followup_max_tokens = 30
+settle_s = 0.2
+
+[[scenarios]]
+kind = "long-prompt"
+user = "user-b"
+streams = 1
+prompt_tokens = 400
+max_tokens = 20
+
+[[scenarios]]
+kind = "prefix-cache"
+user = "user-b"
+requests = 4
+concurrency = 2
+prefix_tokens = 256
+prompt_tokens = 8
+max_tokens = 8
+
+[[scenarios]]
+kind = "eos"
+user = "user-fast"
+requests = 4
+concurrency = 2
+max_tokens = 256
+api = "chat"
+
+[[scenarios]]
+kind = "anonymous-and-spoofing"
+streams = 1
+spoof_streams = 1
+spoof_as = "user-fast"
+max_tokens = 30
+
+[[scenarios]]
+kind = "overhead"
+user = "bulk"
+streams = 2
+max_tokens = 40
+rounds = 1
+"""
+
+
+def _write_profile(folder: Path, text: str, name: str = "small") -> Path:
+    path = folder / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory, patched_vllm: str, tiny_model: Path):
+    folder = tmp_path_factory.mktemp("run")
+    profile = load_profile(str(_write_profile(folder, SMALL_PROFILE)))
+    with hold_engine_lock():
+        outcome = run_profile(profile, RunOptions(results_dir=folder / "results", verify=False, live=False),
+                              console=Console(stderr=True))
+    return outcome, patched_vllm
+
+
+def _manifest(run_dir: Path) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def _assert_no_engine_left(manifest: dict) -> None:
+    for name, engine in manifest["engines"].items():
+        pid = engine.get("pid")
+        if pid is None:
+            continue
+        assert group_members(pid) == [], f"engine {name}: processes of group {pid} still alive"
+
+
+def test_run_completes_and_writes_the_run_folder(small_run) -> None:
+    outcome, _ = small_run
+    assert outcome.state == "complete", outcome.reason
+    assert outcome.exit_code == 0
+    run_dir = outcome.run_dir
+    assert run_dir.parent.name == "small"
+    stamp, run_id = run_dir.name.split("-")
+    assert len(stamp) == len("20260101T000000Z") and stamp.endswith("Z") and len(run_id) == 8
+    for name in ("manifest.json", "scenarios.json", "requests.jsonl"):
+        assert (run_dir / name).is_file()
+    engines = {"patched-sync", "patched-async", "feature-off-sync", "stock-sync"}
+    assert {p.name for p in (run_dir / "engines").iterdir()} == engines
+    for name in engines:
+        assert (run_dir / "engines" / name / "engine.log").stat().st_size > 0
+    for name in engines - {"stock-sync"}:
+        assert (run_dir / "engines" / name / "events.rbev").is_file()
+    assert not (run_dir / "engines" / "stock-sync" / "events.rbev").exists()  # stock vLLM records nothing
+
+
+def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
+    outcome, patch_hash = small_run
+    m = _manifest(outcome.run_dir)
+    assert m["state"] == "complete" and m["partial_reason"] is None
+    assert m["profile_name"] == "small" and m["profile"]["limits"]["user_tps"]["user-a"] == 100
+    assert m["vllm_version"] == "0.32.0" and m["patch_sha256"] == patch_hash
+    assert m["python"] and m["machine"]["cpus"] and m["git_commit"]
+    assert m["started_monotonic_ns"] < m["ended_monotonic_ns"] and m["started_unix_s"] < m["ended_unix_s"]
+    e = m["engines"]
+    assert (e["stock-sync"]["kind"], e["stock-sync"]["feature"]) == ("stock", False)
+    assert (e["feature-off-sync"]["kind"], e["feature-off-sync"]["feature"]) == ("patched", False)
+    assert e["patched-sync"]["feature"] and e["patched-sync"]["default_tps"] == 200
+    assert e["patched-async"]["async_scheduling"] and "--async-scheduling" in e["patched-async"]["flags"]
+    assert "--default-user-output-tokens-per-second" in e["patched-sync"]["flags"]
+    assert not any("output-tokens-per-second" in f for f in e["stock-sync"]["flags"])
+    # Same engine flags for the three overhead engines, apart from the limiter's.
+    strip = lambda flags: [f for f in flags if "output-tokens-per-second" not in f and not f.startswith("{")  # noqa: E731
+                           and not f.isdigit() or f in ("8", "2", "128", "1024")]
+    assert strip(e["stock-sync"]["flags"]) == strip(e["feature-off-sync"]["flags"])
+    assert e["patched-sync"]["events_file"] == "engines/patched-sync/events.rbev"
+    assert e["stock-sync"]["events_file"] is None
+
+
+def test_no_engine_process_outlives_the_run_and_the_patch_is_back(small_run) -> None:
+    outcome, _ = small_run
+    m = _manifest(outcome.run_dir)
+    _assert_no_engine_left(m)
+    assert all(e["killed_pids"] == [] for e in m["engines"].values()), "engines stopped on SIGINT"
+    from ratebench import patching
+
+    assert patching.patch_status().overall == "patched"
+
+
+def test_every_scenario_kind_ran_with_its_phases_and_roles(small_run) -> None:
+    outcome, _ = small_run
+    phases = json.loads((outcome.run_dir / "scenarios.json").read_text())
+    assert {p["kind"] for p in phases} == set(SCENARIO_KINDS)
+    seed = [(p["phase"], p["engine"]) for p in phases if p["kind"] == "seed-experiment"]
+    assert seed == [("1-stream", "patched-sync"), ("2-streams", "patched-sync"),
+                    ("1-stream", "patched-async"), ("2-streams", "patched-async")]
+    roles = collections.Counter((p["kind"], p["role"]) for p in phases)
+    assert roles[("isolation", "baseline")] == 1 and roles[("isolation", "shared")] == 1
+    assert {r for (k, r) in roles if k == "overhead"} == {"feature-on", "feature-off", "stock"}
+    over = {p["role"]: p for p in phases if p["kind"] == "overhead"}
+    assert over["feature-on"]["users"]["bulk"]["limit_tps"] == 1000000
+    assert over["stock"]["users"]["bulk"]["limit_tps"] is None and over["stock"]["engine"] == "stock-sync"
+    anon = next(p for p in phases if p["kind"] == "anonymous-and-spoofing")
+    assert list(anon["users"]) == [ANONYMOUS_USER] and anon["users"][ANONYMOUS_USER]["limit_tps"] == 200
+    assert all(p["start_ns"] <= p["end_ns"] for p in phases)
+
+
+def _records(outcome):
+    return read_client_records(outcome.run_dir / "requests.jsonl")
+
+
+def _finishes(outcome) -> dict[str, tuple[str, int, str]]:
+    """client id -> (finish reason, total output tokens, user), over every engine."""
+    out = {}
+    for path in (outcome.run_dir / "engines").glob("*/events.rbev"):
+        ev = read_engine_events(path)
+        for rec in ev.of_kind(KIND_FINISH):
+            cid = client_id_of(ev.strings[rec["req"]])
+            out[cid] = (FINISH_REASONS[int(rec["reason"])], int(rec["count"]), ev.strings[rec["user"]])
+    return out
+
+
+def test_every_finished_stream_reconciles_with_the_engine(small_run) -> None:
+    outcome, _ = small_run
+    records = _records(outcome)
+    finishes = _finishes(outcome)
+    run_id = _manifest(outcome.run_dir)["run_id"]
+    assert len({r.client_id for r in records}) == len(records)
+    assert all(r.client_id.startswith(f"rb-{run_id}-") for r in records)
+    done = [r for r in records if not r.cancelled]
+    assert done and all(r.error is None for r in records), [r.error for r in records if r.error]
+    for r in done:
+        assert r.completion_tokens == r.streamed_tokens, r.client_id
+        if r.ignore_eos:
+            assert r.completion_tokens == r.max_tokens and r.finish_reason == "length"
+        if r.engine != "stock-sync":
+            reason, total, _ = finishes[r.client_id]
+            assert total == r.completion_tokens, r.client_id
+
+
+def test_cancelled_streams_are_aborted_in_the_engine(small_run) -> None:
+    outcome, _ = small_run
+    finishes = _finishes(outcome)
+    cancelled = [r for r in _records(outcome) if r.cancelled]
+    kinds = {(r.scenario, r.phase) for r in cancelled}
+    assert ("cancellation", "cancel") in kinds and ("isolation", "shared") in kinds
+    for r in cancelled:
+        reason, total, _ = finishes[r.client_id]
+        assert reason == "abort", r.client_id
+        assert r.streamed_tokens <= total < r.max_tokens  # the engine stopped generating for it
+        assert r.completion_tokens is None and r.cancel_ns is not None
+
+
+def test_users_reach_the_engine_as_sent_and_the_openai_user_field_changes_nothing(small_run) -> None:
+    outcome, _ = small_run
+    finishes = _finishes(outcome)
+    for r in _records(outcome):
+        if r.engine == "stock-sync":
+            continue
+        _, _, engine_user = finishes[r.client_id]
+        if r.engine == "feature-off-sync":
+            continue
+        assert engine_user == (r.user or ANONYMOUS_USER), r.client_id
+    spoofed = [r for r in _records(outcome) if r.openai_user]
+    assert spoofed and all(finishes[r.client_id][2] == ANONYMOUS_USER for r in spoofed)
+
+
+def test_long_prompts_eos_and_prefix_cache_send_what_they_say(small_run) -> None:
+    outcome, _ = small_run
+    records = _records(outcome)
+    long = [r for r in records if r.scenario == "long-prompt"]
+    assert long and all(r.prompt_tokens == 400 for r in long)
+    eos = [r for r in records if r.scenario == "eos"]
+    assert eos and not any(r.ignore_eos for r in eos)
+    assert any(r.finish_reason == "stop" and r.completion_tokens < r.max_tokens for r in eos)
+    prefix = [r for r in records if r.scenario == "prefix-cache"]
+    assert len(prefix) == 4 and all(r.prompt_tokens == 256 + 8 for r in prefix)
+    phase = next(p for p in json.loads((outcome.run_dir / "scenarios.json").read_text())
+                 if p["kind"] == "prefix-cache")
+    if "prefix_cache_hits_tokens" in phase["params"]:
+        assert phase["params"]["prefix_cache_hits_tokens"] > 0
+
+
+def test_verification_is_skipped_with_a_message_when_the_verifier_is_missing(small_run, monkeypatch) -> None:
+    outcome, _ = small_run
+    monkeypatch.setitem(sys.modules, "ratebench.verify", None)  # import fails
+    console = Console(record=True, width=200)
+    verdict, code = verify_at_end(outcome.run_dir, console)
+    assert verdict is None and code == 0
+    assert "not installed" in console.export_text()
+
+
+# ---- a killed run, an engine that cannot start ------------------------------------------
+
+
+SLOW_PROFILE = """
+[profile]
+description = "test: one long scenario, to be interrupted"
+startup_timeout_s = 300
+shutdown_grace_s = 15
+[model]
+source = "tiny"
+max_model_len = 1024
+[engine]
+max_num_seqs = 8
+max_num_active_seqs = 4
+extra_args = ["--enforce-eager"]
+env = { VLLM_CPU_KVCACHE_SPACE = "1" }
+[limits]
+default_tps = 100
+[limits.users]
+user-a = 10
+user-b = 100
+[[scenarios]]
+kind = "seed-experiment"
+user = "user-a"
+neighbour = "user-b"
+streams = [1, 4]
+max_tokens = 600
+neighbour_max_tokens = 600
+"""
+
+
+def test_a_killed_run_is_partial_and_leaves_no_engine(tmp_path: Path, patched_vllm: str, tiny_model: Path) -> None:
+    profile = _write_profile(tmp_path, SLOW_PROFILE, "slow")
+    results = tmp_path / "results"
+    with hold_engine_lock():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ratebench", "run", "--profile", str(profile), "--results", str(results)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            deadline = time.monotonic() + 300
+            manifest_path = None
+            while time.monotonic() < deadline and proc.poll() is None:
+                found = list(results.glob("slow/*/manifest.json"))
+                if found:
+                    manifest_path = found[0]
+                    m = json.loads(manifest_path.read_text())
+                    engine = m["engines"].get("patched-sync", {})
+                    if engine.get("ready_monotonic_ns"):
+                        break
+                time.sleep(0.5)
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(2.0)  # the scenario is streaming now
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, out
+    m = json.loads(manifest_path.read_text())
+    assert m["state"] == "partial" and "interrupted" in m["partial_reason"]
+    _assert_no_engine_left(m)
+    records = read_client_records(manifest_path.parent / "requests.jsonl")
+    assert records and any(r.cancelled for r in records)
+    assert "state: partial" in out
+
+
+def test_an_engine_that_exits_fails_the_run_with_its_log_and_leaves_nothing(
+        tmp_path: Path, patched_vllm: str, tiny_model: Path) -> None:
+    bad = SLOW_PROFILE.replace('extra_args = ["--enforce-eager"]', 'extra_args = ["--kv-cache-dtype", "no-such-dtype"]')
+    profile = _write_profile(tmp_path, bad, "broken")
+    results = tmp_path / "results"
+    with hold_engine_lock():
+        proc = subprocess.run(
+            [sys.executable, "-m", "ratebench", "run", "--profile", str(profile), "--results", str(results)],
+            capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 130), out
+    assert "exited with code" in out and "last lines of" in out
+    assert "kv-cache-dtype" in out or "kv_cache_dtype" in out  # vLLM's own complaint, from the log tail
+    (manifest_path,) = results.glob("broken/*/manifest.json")
+    m = json.loads(manifest_path.read_text())
+    assert m["state"] == "failed"
+    _assert_no_engine_left(m)
+    assert os.path.getsize(manifest_path.parent / "engines" / "patched-sync" / "engine.log") > 0
