@@ -19,8 +19,10 @@ class UserSeries:
     emit_t_ns: np.ndarray
     emit_count: np.ndarray
     emit_stream: np.ndarray
+    emit_request: np.ndarray  # engine request code of each emit
     client_t_ns: np.ndarray  # time-sorted chunks of all the user's requests
     client_tokens: np.ndarray
+    client_request: np.ndarray  # index of each chunk's request among the user's records
 
 
 def request_streams(run: RunData, trace) -> np.ndarray:
@@ -32,27 +34,47 @@ def request_streams(run: RunData, trace) -> np.ndarray:
     return out
 
 
-def user_series(run: RunData, phase_index: int, user: str) -> UserSeries:
+def phase_series(run: RunData, phase_index: int, users: list[str]) -> dict[str, UserSeries]:
+    """The series of several users of one phase: one pass over the engine's events and the records."""
     p = run.phases[phase_index]
     empty = np.empty(0, dtype=np.int64)
-    d_t = d_s = e_t = e_c = e_s = empty
+    engine_part: dict[str, tuple] = {}
     trace = run.traces.get(p.engine)
-    if trace is not None:
-        code = trace.events.string_index(user)
+    if trace is not None and len(trace.records):
         recs = trace.records
-        if code is not None and len(recs):
-            sel = (recs["user"] == code) & (trace.req_phase[recs["req"]] == phase_index)
-            mine = recs[sel]
-            stream = request_streams(run, trace)[mine["req"]]
-            dm, em = mine["kind"] == KIND_DISPATCH, mine["kind"] == KIND_EMIT
-            d_t, d_s = mine["t_ns"][dm].astype(np.int64), stream[dm]
-            e_t, e_c, e_s = mine["t_ns"][em].astype(np.int64), mine["count"][em].astype(np.int64), stream[em]
-    chunks_t, chunks_c = [], []
+        codes = {u: trace.events.string_index(u) for u in users}
+        wanted = np.array([c for c in codes.values() if c is not None], dtype=np.int64)
+        sel = np.flatnonzero(np.isin(recs["user"], wanted))
+        sel = sel[trace.req_phase[recs["req"][sel]] == phase_index]
+        mine = recs[sel]
+        stream = request_streams(run, trace)[mine["req"]]
+        for u, code in codes.items():
+            if code is None:
+                continue
+            m = mine["user"] == code
+            dm, em = m & (mine["kind"] == KIND_DISPATCH), m & (mine["kind"] == KIND_EMIT)
+            engine_part[u] = (mine["t_ns"][dm].astype(np.int64), stream[dm], mine["t_ns"][em].astype(np.int64),
+                              mine["count"][em].astype(np.int64), stream[em], mine["req"][em].astype(np.int64))
+    chunks: dict[str, tuple[list, list, list]] = {u: ([], [], []) for u in users}
     for r in run.records:
-        if (r.scenario, r.phase, r.engine) == p.key and (r.user if r.user is not None else ANONYMOUS) == user:
-            chunks_t.append(np.asarray(r.chunk_ns, dtype=np.int64))
-            chunks_c.append(np.asarray(r.chunk_tokens, dtype=np.int64))
-    c_t = np.concatenate(chunks_t) if chunks_t else empty
-    c_c = np.concatenate(chunks_c) if chunks_c else empty
-    order = np.argsort(c_t, kind="stable")
-    return UserSeries(d_t, d_s, e_t, e_c, e_s, c_t[order], c_c[order])
+        if (r.scenario, r.phase, r.engine) == p.key:
+            u = r.user if r.user is not None else ANONYMOUS
+            if u in chunks:
+                chunks[u][0].append(np.asarray(r.chunk_ns, dtype=np.int64))
+                chunks[u][1].append(np.asarray(r.chunk_tokens, dtype=np.int64))
+                chunks[u][2].append(np.full(len(r.chunk_ns), len(chunks[u][2]), dtype=np.int64))
+    out = {}
+    for u in users:
+        d_t, d_s, e_t, e_c, e_s, e_r = engine_part.get(u, (empty,) * 6)
+        ct, cc, cr = chunks[u]
+        c_t = np.concatenate(ct) if ct else empty
+        c_c = np.concatenate(cc) if cc else empty
+        c_r = np.concatenate(cr) if cr else empty
+        order = np.argsort(c_t, kind="stable")
+        out[u] = UserSeries(d_t, d_s, e_t, e_c, e_s, e_r, c_t[order], c_c[order], c_r[order])
+    return out
+
+
+def user_series(run: RunData, phase_index: int, user: str) -> UserSeries:
+    """One user's series in one phase."""
+    return phase_series(run, phase_index, [user])[user]
