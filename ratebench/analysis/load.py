@@ -191,6 +191,7 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
             raise RunFolderError(str(exc)) from exc
         if events.truncated:
             run.warnings.append(f"{eng.events_file}: last block truncated; verified the complete blocks")
+        run.warnings.extend(_meta_disagreements(name, eng, events.meta))
         recs = events.records
         order = time_order(recs["t_ns"])
         if order is not None:
@@ -201,6 +202,22 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         if unmatched:
             run.warnings.append(f"engine {name}: {unmatched} engine requests match no client record")
     return run
+
+
+def _meta_disagreements(name: str, eng: EngineInfo, meta: dict) -> list[str]:
+    """Where the engine's own event-file header disagrees with manifest.json."""
+    out = []
+    if "async_scheduling" in meta and bool(meta["async_scheduling"]) != eng.async_scheduling:
+        out.append(f"engine {name}: event file says async_scheduling={meta['async_scheduling']}, "
+                   f"manifest says {eng.async_scheduling}")
+    if eng.feature:
+        if "default_tps" in meta and meta["default_tps"] != eng.default_tps:
+            out.append(f"engine {name}: event file says default_tps={meta['default_tps']}, manifest {eng.default_tps}")
+        if "user_tps" in meta and {str(k): int(v) for k, v in (meta["user_tps"] or {}).items()} != eng.user_tps:
+            out.append(f"engine {name}: event file's user_tps differ from manifest.json's")
+    if "burst_ns" in meta and meta["burst_ns"] not in (None, 100_000_000):
+        out.append(f"engine {name}: the engine's burst is {meta['burst_ns']} ns; the promise checked is 100 ms")
+    return out
 
 
 def _trace(name: str, events: EngineEvents, recs: np.ndarray, records: list[ClientRecord], phase_of_key) -> EngineTrace:

@@ -180,14 +180,16 @@ def reconcile_request(
             return fail(f"finish event counts {eng.finish_count} tokens, emit events {eng.emitted}")
         return out
     if rec.completion_tokens is None:
-        return fail("no final usage.completion_tokens")
+        return fail(f"no final usage.completion_tokens ({streamed} tokens streamed, finish_reason "
+                    f"{rec.finish_reason!r}, not marked cancelled)")
     if rec.completion_tokens != streamed:
         return fail(f"usage.completion_tokens {rec.completion_tokens} != {streamed} tokens streamed")
     if eng is not None:
+        if eng.finish_count is None:
+            return fail(f"no engine finish event (engine events show {eng.emitted} tokens emitted, client "
+                        f"streamed {streamed}): did the event file lose its last flush?")
         if eng.emitted != streamed:
             return fail(f"engine emitted {eng.emitted} tokens, client streamed {streamed}")
-        if eng.finish_count is None:
-            return fail("no engine finish event")
         if eng.finish_count != eng.emitted:
             return fail(f"finish event counts {eng.finish_count} tokens, emit events {eng.emitted}")
     if rec.ignore_eos:

@@ -104,7 +104,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     d_by_req, e_by_req = group_by(d_req), group_by(e_req)
     step = estimate_engine_step(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req)
     summary.engine_steps[name] = step
-    if step.method != "dispatch-to-emit" and len(e_t):
+    if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
     tol = step.longest_ns
 

@@ -52,7 +52,8 @@ ROW_COLUMNS = (
 def row_cells(row: UserPhaseSummary) -> list[str]:
     return [
         f"{row.scenario}/{row.phase}", row.engine, row.user, num(row.limit_tps),
-        f"{seed_rate(row.dispatch_rate)}/{steady_rate(row.dispatch_rate)}", seed_rate(row.emit_rate),
+        f"{seed_rate(row.dispatch_rate)}/{steady_rate(row.dispatch_rate) if row.backlogged else '-'}",
+        seed_rate(row.emit_rate),
         seed_rate(row.client_rate), f"{slack(row.bound_dispatch)}/{slack(row.bound_emit)}",
         f"{ms(row.gaps_emit_request)}/{ms(row.gaps_client_request)}", tokens(row), "pass" if row.passed else "FAIL",
     ]

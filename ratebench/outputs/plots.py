@@ -146,7 +146,8 @@ def _gap_cdf(path, label, rows, series) -> Path:
     ax.set_ylabel("fraction of gaps ≤ x")
     ax.set_title(f"Inter-token gaps: {label}", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     fig.subplots_adjust(left=0.1, right=0.97, top=0.92, bottom=0.13)
     fig.savefig(path, dpi=90)
     plt.close(fig)
