@@ -152,3 +152,28 @@ def test_thresholds_are_options_and_reach_the_verdict(tmp_path):
 def test_overhead_fails_only_with_max_overhead(good_run):
     assert verify_cli(good_run).exit_code == 0
     assert verify_cli(good_run, "--max-overhead", "-0.5").exit_code == 1
+
+
+def test_rows_follow_the_user_the_engine_charged_not_the_one_sent(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+
+    def spoof(recs):
+        for r in recs:
+            r.user = "spoofed-name"
+
+    edit_client_records(run, spoof)
+    verdict = analyse_run(run).verdict
+    assert {r.user for r in verdict.rows} == {"user-a"}
+    assert verdict.passed
+
+
+def test_engine_requests_without_a_client_record_count_in_the_whole_file_bound(tmp_path):
+    run = one_phase_run(tmp_path / "run", limiter="never", streams=1)
+
+    def drop_all(recs):
+        recs.clear()
+
+    edit_client_records(run, drop_all)
+    verdict = analyse_run(run).verdict
+    assert {c.name for c in verdict.failures} == {"bound-dispatch-run", "bound-emit-run"}
+    assert any("match no client record" in w for w in verdict.warnings)

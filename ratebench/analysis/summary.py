@@ -42,6 +42,11 @@ class RunSummary:
     request_checks: dict[tuple[int, str], list[RequestCheck]]
     overheads: list[OverheadSummary]
     warnings: list[str] = field(default_factory=list)
+    # client record index -> the rate-limit user the engine charged (when it differs from what was sent)
+    engine_user_of_record: dict[int, str] = field(default_factory=dict)
+
+    def user_of(self, record_index: int, sent_user: str | None) -> str:
+        return self.engine_user_of_record.get(record_index, client_user(sent_user))
 
 
 def client_user(user: str | None) -> str:
@@ -112,6 +117,18 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     limits = {int(c): eng.limit_of(strings[c]) for c in user_codes}
     req_stream = request_streams(run, trace)
     req_phase = trace.req_phase
+
+    # the user the engine charged each client record's request (rows follow the engine's view)
+    first_user = np.full(n_codes, -1, dtype=np.int64)
+    if len(e_by_req):
+        first_user[e_by_req.keys] = e_user[e_by_req.order[e_by_req.starts]]
+    if len(d_by_req):
+        first_user[d_by_req.keys] = d_user[d_by_req.order[d_by_req.starts]]
+    for code in np.flatnonzero((trace.req_record >= 0) & (first_user >= 0)):
+        i = int(trace.req_record[code])
+        engine_user = strings[int(first_user[code])]
+        if engine_user != client_user(run.records[i].user):
+            summary.engine_user_of_record[i] = engine_user
 
     # per-request emit gaps: the gap from the previous emit of the same request, at each emit (-1: first)
     e_t_r = e_t[e_by_req.order]
@@ -205,33 +222,35 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         code = code_of_record.get(i)
         view = view_of(totals, code, after_cancel, after_finish) if code is not None else None
         chk = reconcile_request(r, view, engine_has_events=True, cancel_max_steps=th.cancel_max_steps)
-        _add_request_check(summary, phase_of, r, chk)
+        _add_request_check(summary, phase_of, i, r, chk)
 
 
-def _add_request_check(summary: RunSummary, phase_of: dict, r, chk: RequestCheck | None) -> None:
+def _add_request_check(summary: RunSummary, phase_of: dict, i: int, r, chk: RequestCheck | None) -> None:
     if chk is None:
         return
     p_index = phase_of.get((r.scenario, r.phase, r.engine))
     if p_index is not None:
-        summary.request_checks.setdefault((p_index, client_user(r.user)), []).append(chk)
+        summary.request_checks.setdefault((p_index, summary.user_of(i, r.user)), []).append(chk)
 
 
 def _summarize_clients(run: RunData, summary: RunSummary, th: Thresholds, phase_of: dict) -> None:
     by_group: dict[tuple[int, str], list] = {}
-    for r in run.records:
+    for i, r in enumerate(run.records):
         p_index = phase_of.get((r.scenario, r.phase, r.engine))
         if p_index is None:
-            summary.warnings.append(f"client record {r.client_id}: phase {r.scenario}/{r.phase}@{r.engine} not in scenarios.json")
+            summary.warnings.append(f"client record {r.client_id}: phase {r.scenario}/{r.phase}@{r.engine} "
+                                    "not in scenarios.json")
             continue
-        by_group.setdefault((p_index, client_user(r.user)), []).append(r)
-    for (p_index, user), recs in by_group.items():
+        by_group.setdefault((p_index, summary.user_of(i, r.user)), []).append((i, r))
+    for (p_index, user), pairs in by_group.items():
+        recs = [r for _, r in pairs]
         row = _row(run, summary, p_index, user)
         row.requests = len(recs)
         row.streamed_tokens = sum(r.streamed_tokens for r in recs)
         if run.engines[row.engine].events_file is None:
             # no engine events (stock vLLM): reconcile the client side alone
-            for r in recs:
-                _add_request_check(summary, phase_of, r, reconcile_request(r, None, engine_has_events=False))
+            for i, r in pairs:
+                _add_request_check(summary, phase_of, i, r, reconcile_request(r, None, engine_has_events=False))
         cancelled = [r for r in recs if r.cancelled]
         row.cancelled = len(cancelled)
         checks = summary.request_checks.get((p_index, user), [])

@@ -64,11 +64,11 @@ def _fmt(x) -> str:
 def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_dir: Path | None = None) -> str:
     v = verdict
     ms = v.manifest_summary
-    out = [f"# ratebench verdict: {'PASS' if v.passed else 'FAIL'}\n"]
+    out = [f"# ratebench verdict: {'PASS' if v.passed else 'FAIL'}\n\n"]
     out.append(f"Run `{v.run_dir}`, id `{v.run_id}`, profile `{v.profile_name}`.\n")
     n_info = sum(c.passed is None for c in v.checks)
-    out.append(f"{len(v.checks) - n_info} checks, {len(v.failures)} failed, {n_info} informational.\n")
-    out.append("## Run\n")
+    out.append(f"{len(v.checks) - n_info} checks, {len(v.failures)} failed, {n_info} informational.\n\n")
+    out.append("## Run\n\n")
     info = [(k, ms.get(k)) for k in ("state", "ratebench_version", "vllm_version", "git_commit", "patch_sha256",
                                       "python", "machine") if k in ms]
     out.append(_table(["", "value"], [(k, f"`{val}`") for k, val in info]))
