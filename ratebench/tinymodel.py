@@ -96,7 +96,7 @@ class TinyModelSettings:
     projection_gain: float = 1.0
     bias_channel_value: float = 4.0
     logit_std: float = 2.0  # spread of ordinary token logits
-    eos_logit_bias: float = 3.0  # EOS logit offset over an ordinary token's mean
+    eos_logit_bias: float = 3.4  # EOS logit offset over an ordinary token's mean
     eos_logit_std: float = 2.0  # spread of the EOS logit across contexts
     other_special_logit: float = -30.0  # <|endoftext|>, <|im_start|>: never sampled
     # Weight of the EOS row along the "\n" embedding: the first answer token follows the
