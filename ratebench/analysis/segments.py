@@ -21,7 +21,8 @@ class Groups:
     keys: np.ndarray  # the key of each group, ascending
     starts: np.ndarray  # int64
     ends: np.ndarray  # int64
-    codes: np.ndarray  # group number of every input element (input order)
+    _codes: np.ndarray | None = None
+    _input: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -29,6 +30,13 @@ class Groups:
     @property
     def sizes(self) -> np.ndarray:
         return self.ends - self.starts
+
+    @property
+    def codes(self) -> np.ndarray:
+        """Group number of every input element (input order); computed on first use."""
+        if self._codes is None:
+            self._codes = np.searchsorted(self.keys, self._input) if len(self.keys) else np.empty(0, np.int64)
+        return self._codes
 
     def slices(self):
         """(group number, key, slice into ``order``) for each group."""
@@ -56,15 +64,23 @@ def dense_codes(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def group_by(keys: np.ndarray) -> Groups:
     """Group element indices by key, keeping input order inside each group."""
+    keys = np.asarray(keys)
+    if keys.size and keys.dtype.kind in "iu" and int(keys.min()) >= 0 and int(keys.max()) < 2**16:
+        # small keys: a stable sort of uint16 is a radix sort in numpy, O(n); no renumbering
+        sizes_all = np.bincount(keys)
+        present = np.flatnonzero(sizes_all)
+        order = np.argsort(keys.astype(np.uint16, copy=False), kind="stable")
+        sizes = sizes_all[present]
+        ends = np.cumsum(sizes)
+        return Groups(order=order, keys=present.astype(keys.dtype), starts=ends - sizes, ends=ends, _input=keys)
     codes, uniq = dense_codes(keys)
     n_groups = len(uniq)
-    # A stable sort of small integers is a radix sort in numpy: O(n).
     sort_codes = codes.astype(np.uint16) if n_groups <= 2**16 else codes
     order = np.argsort(sort_codes, kind="stable")
     sizes = np.bincount(codes, minlength=n_groups) if n_groups else np.zeros(0, dtype=np.int64)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    return Groups(order=order, keys=uniq, starts=starts, ends=ends, codes=codes)
+    return Groups(order=order, keys=uniq, starts=starts, ends=ends, _codes=codes)
 
 
 def time_order(t_ns: np.ndarray) -> np.ndarray | None:

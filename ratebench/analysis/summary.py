@@ -134,7 +134,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     e_t_r = e_t[e_by_req.order]
     gap_at_emit = np.full(len(e_t), -1, dtype=np.int64)
     if len(e_t) > 1:
-        e_codes_r = e_by_req.codes[e_by_req.order]
+        e_codes_r = e_req[e_by_req.order]
         same = e_codes_r[1:] == e_codes_r[:-1]
         gap_at_emit[e_by_req.order[1:][same]] = np.diff(e_t_r)[same]
 
