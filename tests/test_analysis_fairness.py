@@ -34,3 +34,31 @@ def test_jain_index():
     assert jain_index([20, 20, 20]) == 1.0
     assert abs(jain_index([10, 30]) - 0.8) < 1e-12
     assert jain_index([5]) is None
+
+
+def brute_force_spread(t, stream):
+    streams = sorted(set(stream))
+    first = {s: min(ti for ti, si in zip(t, stream) if si == s) for s in streams}
+    last = {s: max(ti for ti, si in zip(t, stream) if si == s) for s in streams}
+    start, end = max(first.values()), min(last.values())
+    if start > end:
+        return None
+    best = 0
+    for now in sorted(set(ti for ti in t if start < ti <= end)):
+        counts = [sum(1 for ti, si in zip(t, stream) if si == s and start < ti <= now) for s in streams]
+        best = max(best, max(counts) - min(counts))
+    return best
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 3)), min_size=1, max_size=60))
+def test_stream_spread_equals_brute_force(events):
+    events.sort(key=lambda e: e[0])
+    t = np.array([e[0] for e in events])
+    s = np.array([e[1] for e in events])
+    expected = brute_force_spread(t.tolist(), s.tolist()) if len(set(s.tolist())) > 1 else None
+    assert stream_spread(t, s) == expected

@@ -44,3 +44,28 @@ def test_extra_charges_after_the_last_emit_match_nothing():
     step = estimate_engine_step(np.array([0, 10, 20]), np.array([0, 0, 0]), np.array([5]), np.array([0]),
                                 np.array([1]))
     assert step.longest_ns == 5 and step.samples == 1
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ratebench.analysis.reconcile import events_after_grouped  # noqa: E402
+from ratebench.analysis.segments import group_by  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 10**9), min_size=1, max_size=300))
+def test_gap_stats_match_numpy_percentiles(values):
+    g = np.array(values)
+    s = gap_stats(g)
+    assert np.allclose([s.p50_ns, s.p90_ns, s.p99_ns], np.percentile(g, [50, 90, 99]))
+    assert (s.min_ns, s.max_ns, s.count) == (g.min(), g.max(), g.size)
+
+
+def test_events_after_a_cutoff_are_counted_per_request():
+    t = np.array([1, 2, 3, 4, 5, 6])
+    req = np.array([0, 1, 0, 1, 0, 1])
+    groups = group_by(req)
+    cutoff = np.array([3, 100])
+    n, tok = events_after_grouped(t[groups.order], groups, cutoff, np.array([1, 1, 2, 1, 3, 1])[groups.order])
+    assert n.tolist() == [1, 0] and tok.tolist() == [3, 0]

@@ -59,7 +59,11 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
     rows = summary.rows
     for p in run.phases:
         for user, spec in p.users.items():
-            rows[(p.index, user)] = _new_row(run, p.index, user)
+            row = rows[(p.index, user)] = _new_row(run, p.index, user)
+            if spec.limit_tps != row.limit_tps:
+                summary.warnings.append(
+                    f"{p.label} {user}: scenarios.json says limit {spec.limit_tps}, the engine's flags give "
+                    f"{run.engines[p.engine].limit_of(user)}; checked against {row.limit_tps}")
     phase_of = {p.key: p.index for p in run.phases}
     for name in run.traces:
         _summarize_engine(run, name, summary, thresholds, phase_of)
