@@ -12,6 +12,15 @@ import pytest
 ENGINE_LOCK = Path("/tmp/ratebench-engine.lock")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Apply the limiter patch before collection: test modules import vLLM's scheduler
+    at import time, and must get the patched one."""
+    from ratebench import patching
+
+    if patching.patch_status().overall != "patched":
+        patching.apply_patch()
+
+
 @pytest.fixture(scope="session")
 def patched_vllm() -> str:
     """The installed vLLM with the limiter patch applied (applied here when it is not)."""
