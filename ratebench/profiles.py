@@ -14,6 +14,7 @@ Schema (every key is checked; unknown keys are errors)::
     scheduling = ["sync", "async"]    # engines to build: sync and/or async scheduling
     startup_timeout_s = 300           # engine readiness timeout
     shutdown_grace_s = 20             # SIGINT -> SIGKILL grace period
+    max_engines = 1                   # engines alive at once (1 on a GPU: each takes its memory)
 
     [model]
     source = "tiny"                   # "tiny": the generated tiny Qwen3; "path": name below
@@ -122,6 +123,7 @@ class Profile:
     scheduling: list[str]
     startup_timeout_s: float
     shutdown_grace_s: float
+    max_engines: int
     model: ModelSpec
     engine: EngineFlags
     limits: Limits
@@ -315,7 +317,8 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
     v.keys(data, "", {"profile", "model", "engine", "limits", "scenarios"}, required={"model", "engine", "limits", "scenarios"})
 
     prof = v.table(data, "profile", optional=True)
-    v.keys(prof, "profile", {"name", "description", "device", "scheduling", "startup_timeout_s", "shutdown_grace_s"})
+    v.keys(prof, "profile", {"name", "description", "device", "scheduling", "startup_timeout_s", "shutdown_grace_s",
+                             "max_engines"})
     name = v.get(prof, "profile", "name", "str", Path(path).stem)
     description = v.get(prof, "profile", "description", "str", "")
     device = v.get(prof, "profile", "device", None, "cpu")
@@ -324,6 +327,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
     scheduling = v.scheduling(prof, "profile.scheduling", ["sync"])
     startup_timeout_s = float(v.get(prof, "profile", "startup_timeout_s", "pos_num", 600))
     shutdown_grace_s = float(v.get(prof, "profile", "shutdown_grace_s", "pos_num", 20))
+    max_engines = v.get(prof, "profile", "max_engines", "pos_int", 1)
 
     m = v.table(data, "model")
     v.keys(m, "model", {"source", "name", "served_name", "max_model_len", "dtype"})
@@ -392,7 +396,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
     return Profile(
         name=name, description=description, path=str(path), device=device, scheduling=scheduling,
         startup_timeout_s=startup_timeout_s, shutdown_grace_s=shutdown_grace_s,
-        model=model, engine=engine, limits=limits, scenarios=scenarios,
+        max_engines=max_engines, model=model, engine=engine, limits=limits, scenarios=scenarios,
     )
 
 

@@ -1,8 +1,10 @@
 """A run: run folder, manifest, engines, scenarios, and the verdict at the end.
 
-The run folder follows ``docs/run-folder.md``. Every engine of the run starts up
-front (the patched ones together, which is faster than one by one) and stops as
-soon as no later scenario needs it. The stock engine (overhead scenario) runs the
+The run folder follows ``docs/run-folder.md``. Each scenario is a list of phases,
+each on one engine. Before a phase, its engine runs, with as many of the engines
+of the following phases as ``profile.max_engines`` allows (started together; one
+at a time on a GPU, whose memory one engine takes); an engine stops as soon as no
+later phase needs it. The stock engine (overhead scenario) runs the
 real pristine vLLM: the patch is reverted while it starts, until it serves and has
 answered a warm-up request (by then the code it runs is imported), and applied
 again in a ``finally``. An interrupted run (Ctrl-C, SIGTERM) is marked
@@ -43,8 +45,7 @@ from ratebench.scenarios import (
     PhaseRecord,
     ScenarioContext,
     engine_name,
-    engines_needed,
-    run_scenario,
+    plan_scenario,
 )
 from ratebench.workload import Driver, WorkloadError
 
@@ -390,19 +391,32 @@ class Run:
             out.append(spec)
         return out
 
+    def arrange_engines(self, upcoming: list[str]) -> None:
+        """Have the next phase's engine running, and as many of the following ones as
+        profile.max_engines allows (started together); stop the others."""
+        by_next_use = list(dict.fromkeys(upcoming))
+        wanted = by_next_use[: self.profile.max_engines]
+        for name in list(self.engines):
+            if name not in wanted:
+                self.stop(name)
+        self.ensure_engines([n for n in wanted if n not in self.engines])
+
     def execute(self) -> None:
         specs = self.scenarios_to_run()
+        plans = [(spec, plan) for spec in specs for plan in plan_scenario(spec)]
         if self.options.endpoint is not None:
             self.attach()
-        for i, spec in enumerate(specs):
+        current = None
+        for k, (spec, plan) in enumerate(plans):
             if self.options.endpoint is None:
-                # Every engine of the run up front: they start together, faster than one by one.
-                self.ensure_engines([n for s in specs[i:] for n in engines_needed(s)])
-            self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
-            ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, engines=self.refs,
-                                  on_phase=self.on_phase, model_dir=self.model_dir)
-            asyncio.run(run_scenario(ctx))
-            later = {n for s in specs[i + 1:] for n in engines_needed(s)}
+                self.arrange_engines([p.engine for _, p in plans[k:]])
+            if spec.name != current:
+                current = spec.name
+                self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
+            ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, on_phase=self.on_phase,
+                                  model_dir=self.model_dir)
+            asyncio.run(plan.run(ctx, self.refs[plan.engine]))
+            later = {p.engine for _, p in plans[k + 1:]}
             for name in list(self.engines):
                 if name not in later:
                     self.stop(name)

@@ -1,6 +1,8 @@
 """Scenario implementations: what each kind of a profile sends, phase by phase.
 
-A scenario runs one or more *phases* on the workload driver. Each phase ends in
+A scenario is planned as a list of *phases* (:func:`plan_scenario`), each on one
+engine; the runner starts that engine and runs the phase on the workload driver.
+Each phase ends in
 one :class:`PhaseRecord` (an entry of ``scenarios.json``, see
 ``docs/run-folder.md``) that says which users took part, at which limits, and
 whether their streams were backlogged (always waiting for tokens, so the
@@ -34,14 +36,6 @@ def engine_name(role: str, mode: str) -> str:
     return f"{role}-{mode}"
 
 
-def engines_needed(spec: ScenarioSpec) -> list[str]:
-    """The engines a scenario runs on, by name."""
-    names = [engine_name(ROLE_FEATURE_ON, m) for m in spec.scheduling]
-    if spec.kind == "overhead":
-        names += [engine_name(r, m) for m in spec.scheduling for r in (ROLE_FEATURE_OFF, ROLE_STOCK)]
-    return names
-
-
 @dataclass
 class EngineRef:
     """What a scenario needs to know of a running engine."""
@@ -73,7 +67,6 @@ class ScenarioContext:
     profile: Profile
     spec: ScenarioSpec
     driver: Driver
-    engines: dict[str, EngineRef]
     on_phase: Callable[[PhaseRecord], None]  # called as each phase ends
     model_dir: Path | None = None  # the model folder, when local (for the EOS token id)
 
@@ -99,18 +92,29 @@ class ScenarioContext:
         for user, info in users.items():
             record.users[user] = {"limit_tps": limits[user], **info}
         try:
-            await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
+            records = await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
             if extra is not None:
                 record.params.update(await extra())
         finally:
             record.end_ns = time.monotonic_ns()
             self.on_phase(record)
+        self.driver.console.print(f"  {phase_summary(record, records)}", highlight=False)
         return record
 
 
-async def run_scenario(ctx: ScenarioContext) -> None:
-    """Run every phase of one scenario."""
-    await _KINDS[ctx.spec.kind](ctx)
+@dataclass
+class PhasePlan:
+    """One phase of a scenario: the engine it runs on, and what it sends there."""
+
+    scenario: str
+    phase: str
+    engine: str  # engine name
+    run: Callable[[ScenarioContext, EngineRef], Awaitable[None]]
+
+
+def plan_scenario(spec: ScenarioSpec) -> list[PhasePlan]:
+    """The phases of one scenario, in order (the runner starts their engines and runs them)."""
+    return _KINDS[spec.kind](spec)
 
 
 # ---- the kinds ---------------------------------------------------------------------
@@ -140,13 +144,16 @@ def _salt(ctx: ScenarioContext, engine: EngineRef, phase: str) -> str:
     return f"{ctx.driver.run_id} {ctx.spec.name} {engine.name} {phase}"
 
 
-async def seed_experiment(ctx: ScenarioContext) -> None:
+def _main_engine(spec: ScenarioSpec) -> str:
+    return engine_name(ROLE_FEATURE_ON, spec.scheduling[0])
+
+
+def seed_experiment(spec: ScenarioSpec) -> list[PhasePlan]:
     """The seed's experiment: a low-limit user with 1 then 4 streams beside a higher-limit user."""
-    p = ctx.spec.params
-    for mode in ctx.spec.scheduling:
-        engine = ctx.engines[engine_name(ROLE_FEATURE_ON, mode)]
-        for n in p["streams"]:
-            phase = f"{n}-stream" if n == 1 else f"{n}-streams"
+    p = spec.params
+
+    def phase_of(n: int, mode: str, phase: str):
+        async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
             salt = _salt(ctx, engine, phase)
             reqs = await _streams(ctx, engine, p["user"], n, p["max_tokens"], salt + " a")
             reqs += await _streams(ctx, engine, p["neighbour"], p["neighbour_streams"], p["neighbour_max_tokens"],
@@ -155,137 +162,174 @@ async def seed_experiment(ctx: ScenarioContext) -> None:
                 p["user"]: {"streams": n, "backlogged": True},
                 p["neighbour"]: {"streams": p["neighbour_streams"], "backlogged": True},
             }, params={"ignore_eos": True, "scheduling": mode})
+        return run
+
+    plans = []
+    for mode in spec.scheduling:
+        for n in p["streams"]:
+            phase = f"{n}-stream" if n == 1 else f"{n}-streams"
+            plans.append(PhasePlan(spec.name, phase, engine_name(ROLE_FEATURE_ON, mode), phase_of(n, mode, phase)))
+    return plans
 
 
-async def isolation(ctx: ScenarioContext) -> None:
+def isolation(spec: ScenarioSpec) -> list[PhasePlan]:
     """A high-limit user alone (baseline), then beside a throttled user with many streams (shared)."""
-    p = ctx.spec.params
-    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    p = spec.params
     user, throttled = p["user"], p["throttled_user"]
-    solo = await _streams(ctx, engine, user, p["streams"], p["max_tokens"], _salt(ctx, engine, "baseline"))
-    await ctx.phase(engine, "baseline", solo, {user: {"streams": p["streams"], "backlogged": False}},
-                    role="baseline")
-    throttled_tokens = min(ctx.room_tokens(p["prompt_tokens"]), 10 * p["max_tokens"])
-    salt = _salt(ctx, engine, "shared")
-    reqs = await _streams(ctx, engine, throttled, p["throttled_streams"], throttled_tokens, salt + " t",
-                          background=True)
-    reqs += await _streams(ctx, engine, user, p["streams"], p["max_tokens"], salt + " u", delay_s=p["lead_s"],
-                           first_index=p["throttled_streams"])
-    await ctx.phase(engine, "shared", reqs, {
-        throttled: {"streams": p["throttled_streams"], "backlogged": True},
-        user: {"streams": p["streams"], "backlogged": False},
-    }, role="shared", params={"throttled_max_tokens": throttled_tokens})
+
+    async def baseline(ctx: ScenarioContext, engine: EngineRef) -> None:
+        solo = await _streams(ctx, engine, user, p["streams"], p["max_tokens"], _salt(ctx, engine, "baseline"))
+        await ctx.phase(engine, "baseline", solo, {user: {"streams": p["streams"], "backlogged": False}},
+                        role="baseline")
+
+    async def shared(ctx: ScenarioContext, engine: EngineRef) -> None:
+        throttled_tokens = min(ctx.room_tokens(p["prompt_tokens"]), 10 * p["max_tokens"])
+        salt = _salt(ctx, engine, "shared")
+        reqs = await _streams(ctx, engine, throttled, p["throttled_streams"], throttled_tokens, salt + " t",
+                              background=True)
+        reqs += await _streams(ctx, engine, user, p["streams"], p["max_tokens"], salt + " u", delay_s=p["lead_s"],
+                               first_index=p["throttled_streams"])
+        await ctx.phase(engine, "shared", reqs, {
+            throttled: {"streams": p["throttled_streams"], "backlogged": True},
+            user: {"streams": p["streams"], "backlogged": False},
+        }, role="shared", params={"throttled_max_tokens": throttled_tokens})
+
+    main = _main_engine(spec)
+    return [PhasePlan(spec.name, "baseline", main, baseline), PhasePlan(spec.name, "shared", main, shared)]
 
 
-async def cancellation(ctx: ScenarioContext) -> None:
+def cancellation(spec: ScenarioSpec) -> list[PhasePlan]:
     """Streams closed mid-answer (after k tokens or t seconds); then new streams of the same user."""
-    p = ctx.spec.params
-    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
+    p = spec.params
     user = p["user"]
-    max_tokens = min(p["max_tokens"], ctx.room_tokens(p["prompt_tokens"]))
-    reqs = await _streams(ctx, engine, user, p["streams"], max_tokens, _salt(ctx, engine, "cancel"))
-    for r in reqs:
-        if r.stream_index % 2 == 0:
-            r.cancel_after_tokens = p["cancel_after_tokens"]
-        else:
-            r.cancel_after_s = p["cancel_after_s"]
-    await ctx.phase(engine, "cancel", reqs, {user: {"streams": p["streams"], "backlogged": True}},
-                    params={"max_tokens": max_tokens})
-    await asyncio.sleep(p["settle_s"])
-    follow = await _streams(ctx, engine, user, p["followup_streams"], p["followup_max_tokens"],
-                            _salt(ctx, engine, "followup"))
-    await ctx.phase(engine, "followup", follow, {user: {"streams": p["followup_streams"], "backlogged": True}})
+
+    async def cancel(ctx: ScenarioContext, engine: EngineRef) -> None:
+        max_tokens = min(p["max_tokens"], ctx.room_tokens(p["prompt_tokens"]))
+        reqs = await _streams(ctx, engine, user, p["streams"], max_tokens, _salt(ctx, engine, "cancel"))
+        for r in reqs:
+            if r.stream_index % 2 == 0:
+                r.cancel_after_tokens = p["cancel_after_tokens"]
+            else:
+                r.cancel_after_s = p["cancel_after_s"]
+        await ctx.phase(engine, "cancel", reqs, {user: {"streams": p["streams"], "backlogged": True}},
+                        params={"max_tokens": max_tokens})
+
+    async def followup(ctx: ScenarioContext, engine: EngineRef) -> None:
+        await asyncio.sleep(p["settle_s"])
+        follow = await _streams(ctx, engine, user, p["followup_streams"], p["followup_max_tokens"],
+                                _salt(ctx, engine, "followup"))
+        await ctx.phase(engine, "followup", follow, {user: {"streams": p["followup_streams"], "backlogged": True}})
+
+    main = _main_engine(spec)
+    return [PhasePlan(spec.name, "cancel", main, cancel), PhasePlan(spec.name, "followup", main, followup)]
 
 
-async def long_prompt(ctx: ScenarioContext) -> None:
+def long_prompt(spec: ScenarioSpec) -> list[PhasePlan]:
     """Prompts several times --max-num-batched-tokens, so prefill runs in chunks."""
-    p = ctx.spec.params
-    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
-    reqs = await _streams(ctx, engine, p["user"], p["streams"], p["max_tokens"], _salt(ctx, engine, "long"))
-    await ctx.phase(engine, "long-prompt", reqs, {p["user"]: {"streams": p["streams"], "backlogged": True}},
-                    params={"max_num_batched_tokens": ctx.profile.engine.max_num_batched_tokens})
+    p = spec.params
+
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        reqs = await _streams(ctx, engine, p["user"], p["streams"], p["max_tokens"], _salt(ctx, engine, "long"))
+        await ctx.phase(engine, "long-prompt", reqs, {p["user"]: {"streams": p["streams"], "backlogged": True}},
+                        params={"max_num_batched_tokens": ctx.profile.engine.max_num_batched_tokens})
+
+    return [PhasePlan(spec.name, "long-prompt", _main_engine(spec), run)]
 
 
-async def prefix_cache(ctx: ScenarioContext) -> None:
+def prefix_cache(spec: ScenarioSpec) -> list[PhasePlan]:
     """Many requests that share one long prefix: prefix-cache hits."""
-    p = ctx.spec.params
-    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
-    maker = await ctx.driver.prompts(engine.endpoint, engine.model)
-    salt = _salt(ctx, engine, "prefix")
-    prefix = await maker.token_prompt(p["prefix_tokens"], salt + " shared")
-    reqs = []
-    for i in range(p["requests"]):
-        prompt = prefix + await maker.token_prompt(p["prompt_tokens"], f"{salt} {i}")
-        reqs.append(StreamRequest(user=p["user"], prompt=prompt, max_tokens=p["max_tokens"], stream_index=i,
-                                  prompt_tokens=len(prompt)))
-    before = await prefix_cache_counters(engine.endpoint)
+    p = spec.params
 
-    async def hits() -> dict[str, Any]:
-        after = await prefix_cache_counters(engine.endpoint)
-        return {k: after[k] - before[k] for k in after if k in before}
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+        salt = _salt(ctx, engine, "prefix")
+        prefix = await maker.token_prompt(p["prefix_tokens"], salt + " shared")
+        reqs = []
+        for i in range(p["requests"]):
+            prompt = prefix + await maker.token_prompt(p["prompt_tokens"], f"{salt} {i}")
+            reqs.append(StreamRequest(user=p["user"], prompt=prompt, max_tokens=p["max_tokens"], stream_index=i,
+                                      prompt_tokens=len(prompt)))
+        before = await prefix_cache_counters(engine.endpoint)
 
-    await ctx.phase(engine, "prefix-cache", reqs,
-                    {p["user"]: {"streams": p["concurrency"], "backlogged": True}},
-                    concurrency=p["concurrency"], extra=hits)
+        async def hits() -> dict[str, Any]:
+            after = await prefix_cache_counters(engine.endpoint)
+            return {k: after[k] - before[k] for k in after if k in before}
+
+        await ctx.phase(engine, "prefix-cache", reqs,
+                        {p["user"]: {"streams": p["concurrency"], "backlogged": True}},
+                        concurrency=p["concurrency"], extra=hits)
+
+    return [PhasePlan(spec.name, "prefix-cache", _main_engine(spec), run)]
 
 
-async def eos(ctx: ScenarioContext) -> None:
+def eos(spec: ScenarioSpec) -> list[PhasePlan]:
     """Short answers that end with a real EOS token (no ignore_eos)."""
-    p = ctx.spec.params
-    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
-    rng = random.Random(f"{ctx.driver.run_id}-{ctx.spec.name}")
-    extra_params: dict[str, Any] = {}
-    eos_id = None
-    if p["eos_logit_bias"]:
-        eos_id = eos_token_id(ctx.model_dir)
-        extra_params["eos_token_id"] = eos_id
-    reqs = []
-    for i in range(p["requests"]):
-        extra: dict[str, Any] = {}
-        if eos_id is not None:
-            # min_tokens holds EOS back until the chosen length; the bias then makes it come.
-            extra = {"min_tokens": rng.randint(*p["answer_tokens"]) - 1,
-                     "logit_bias": {str(eos_id): float(p["eos_logit_bias"])}}
-        prompt = f"[{ctx.driver.run_id} {i}] {p['question']}"
-        reqs.append(StreamRequest(user=p["user"], prompt=prompt if p["api"] == "chat" else prompt, max_tokens=p["max_tokens"],
-                                  api=p["api"], ignore_eos=False, stream_index=i, extra_body=extra))
-    await ctx.phase(engine, "eos", reqs, {p["user"]: {"streams": p["concurrency"], "backlogged": False}},
-                    concurrency=p["concurrency"], params={"ignore_eos": False, **extra_params})
+    p = spec.params
+
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        rng = random.Random(f"{ctx.driver.run_id}-{spec.name}")
+        extra_params: dict[str, Any] = {}
+        eos_id = None
+        if p["eos_logit_bias"]:
+            eos_id = eos_token_id(ctx.model_dir)
+            extra_params["eos_token_id"] = eos_id
+        reqs = []
+        for i in range(p["requests"]):
+            extra: dict[str, Any] = {}
+            if eos_id is not None:
+                # min_tokens holds EOS back until the chosen length; the bias then makes it come.
+                extra = {"min_tokens": rng.randint(*p["answer_tokens"]) - 1,
+                         "logit_bias": {str(eos_id): float(p["eos_logit_bias"])}}
+            prompt = f"[{ctx.driver.run_id} {i}] {p['question']}"
+            reqs.append(StreamRequest(user=p["user"], prompt=prompt, max_tokens=p["max_tokens"], api=p["api"],
+                                      ignore_eos=False, stream_index=i, extra_body=extra))
+        await ctx.phase(engine, "eos", reqs, {p["user"]: {"streams": p["concurrency"], "backlogged": False}},
+                        concurrency=p["concurrency"], params={"ignore_eos": False, **extra_params})
+
+    return [PhasePlan(spec.name, "eos", _main_engine(spec), run)]
 
 
-async def anonymous_and_spoofing(ctx: ScenarioContext) -> None:
+def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
     """Requests without output_rate_user share __anonymous__; the OpenAI user field changes nothing."""
-    p = ctx.spec.params
-    engine = ctx.engines[engine_name(ROLE_FEATURE_ON, ctx.spec.scheduling[0])]
-    salt = _salt(ctx, engine, "anonymous")
-    reqs = await _streams(ctx, engine, None, p["streams"], p["max_tokens"], salt + " anon")
-    reqs += await _streams(ctx, engine, None, p["spoof_streams"], p["max_tokens"], salt + " spoof",
-                           openai_user=p["spoof_as"], first_index=p["streams"])
-    await ctx.phase(engine, "anonymous", reqs, {
-        ANONYMOUS_USER: {"streams": p["streams"] + p["spoof_streams"], "backlogged": True},
-    }, params={"openai_user": p["spoof_as"]})
+    p = spec.params
+
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        salt = _salt(ctx, engine, "anonymous")
+        reqs = await _streams(ctx, engine, None, p["streams"], p["max_tokens"], salt + " anon")
+        reqs += await _streams(ctx, engine, None, p["spoof_streams"], p["max_tokens"], salt + " spoof",
+                               openai_user=p["spoof_as"], first_index=p["streams"])
+        await ctx.phase(engine, "anonymous", reqs, {
+            ANONYMOUS_USER: {"streams": p["streams"] + p["spoof_streams"], "backlogged": True},
+        }, params={"openai_user": p["spoof_as"]})
+
+    return [PhasePlan(spec.name, "anonymous", _main_engine(spec), run)]
 
 
-async def overhead(ctx: ScenarioContext) -> None:
+def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
     """Limits never reached, feature off and stock vLLM, interleaved: output throughput of each."""
-    p = ctx.spec.params
+    p = spec.params
     role_names = {ROLE_FEATURE_ON: "feature-on", ROLE_FEATURE_OFF: "feature-off", ROLE_STOCK: "stock"}
-    for mode in ctx.spec.scheduling:
+
+    def phase_of(phase: str, role: str, rnd: int, mode: str):
+        async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+            reqs = await _streams(ctx, engine, p["user"], p["streams"], p["max_tokens"], _salt(ctx, engine, phase))
+            await ctx.phase(engine, phase, reqs, {p["user"]: {"streams": p["streams"], "backlogged": False}},
+                            role=role_names[role], params={"round": rnd + 1, "scheduling": mode})
+        return run
+
+    plans = []
+    for mode in spec.scheduling:
         for rnd in range(p["rounds"]):
             # Rotate the order each round so no engine always goes first.
             order = [ROLE_FEATURE_ON, ROLE_FEATURE_OFF, ROLE_STOCK]
             order = order[rnd % 3:] + order[: rnd % 3]
             for role in order:
-                engine = ctx.engines[engine_name(role, mode)]
                 phase = f"{role_names[role]}-{mode}-{rnd + 1}"
-                reqs = await _streams(ctx, engine, p["user"], p["streams"], p["max_tokens"],
-                                      _salt(ctx, engine, phase))
-                rec = await ctx.phase(engine, phase, reqs, {p["user"]: {"streams": p["streams"], "backlogged": False}},
-                                      role=role_names[role], params={"round": rnd + 1, "scheduling": mode})
-                ctx.driver.console.print(f"  overhead {phase}: {throughput_tps(ctx.driver, rec):.0f} tok/s")
+                plans.append(PhasePlan(spec.name, phase, engine_name(role, mode), phase_of(phase, role, rnd, mode)))
+    return plans
 
 
-_KINDS: dict[str, Callable[[ScenarioContext], Awaitable[None]]] = {
+_KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "seed-experiment": seed_experiment,
     "isolation": isolation,
     "cancellation": cancellation,
@@ -300,15 +344,19 @@ _KINDS: dict[str, Callable[[ScenarioContext], Awaitable[None]]] = {
 # ---- helpers -----------------------------------------------------------------------
 
 
-def throughput_tps(driver: Driver, phase: PhaseRecord) -> float:
-    """Client-side output tokens per second over a phase."""
-    recs = [r for r in driver.records if r.scenario == phase.scenario and r.phase == phase.phase
-            and r.engine == phase.engine]
-    times = [t for r in recs for t in r.chunk_ns]
-    if len(times) < 2:
-        return 0.0
-    tokens = sum(r.streamed_tokens for r in recs)
-    return tokens / ((max(times) - min(times)) / 1e9)
+def phase_summary(phase: PhaseRecord, records: list) -> str:
+    """One line per phase: each user's tokens and client-side rate (first to last token)."""
+    parts = []
+    for user in phase.users:
+        recs = [r for r in records if (r.user or ANONYMOUS_USER) == user]
+        times = sorted(t for r in recs for t in r.chunk_ns)
+        tokens = sum(r.streamed_tokens for r in recs)
+        rate = (tokens - 1) / ((times[-1] - times[0]) / 1e9) if len(times) > 1 and times[-1] > times[0] else 0.0
+        limit = phase.users[user].get("limit_tps")
+        errors = sum(1 for r in recs if r.error)
+        parts.append(f"{user} {tokens} tok {rate:.1f} tok/s (limit {limit if limit is not None else 'off'})"
+                     + (f" [{errors} errors]" if errors else ""))
+    return f"{phase.phase} on {phase.engine}: " + "; ".join(parts)
 
 
 def eos_token_id(model_dir: Path | None) -> int:

@@ -73,6 +73,38 @@ def test_stop_is_quick_when_the_group_exits_on_sigint(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 25  # well inside the grace: no SIGKILL wait
 
 
+def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_path: Path, monkeypatch) -> None:
+    from ratebench.profiles import load_profile
+    from ratebench.runner import Run, RunOptions
+
+    for cap, expected_starts in ((1, None), (2, None), (4, 4)):
+        profile = load_profile("cpu-tiny")
+        profile.max_engines = cap
+        run = Run(profile, RunOptions(results_dir=tmp_path / str(cap)), Console(stderr=True))
+        starts: list[list[str]] = []
+
+        def fake_ensure(names, run=run, starts=starts):
+            starts.append(list(names))
+            for n in names:
+                run.engines[n] = object()
+
+        monkeypatch.setattr(run, "ensure_engines", fake_ensure)
+        monkeypatch.setattr(run, "stop", lambda name, run=run, **kw: run.engines.pop(name, None))
+        from ratebench.scenarios import plan_scenario
+
+        plans = [p for spec in profile.scenarios for p in plan_scenario(spec)]
+        for k, plan in enumerate(plans):
+            run.arrange_engines([p.engine for p in plans[k:]])
+            assert plan.engine in run.engines
+            assert len(run.engines) <= cap
+        if expected_starts is not None:
+            assert sum(len(s) for s in starts) == expected_starts  # each engine started once
+            assert len(starts[0]) == 4  # all of them together, up front
+        else:
+            # The overhead phases alternate engines: with fewer slots they restart.
+            assert sum(len(s) for s in starts) > 4
+
+
 # ---- against a real CPU engine ---------------------------------------------------------------
 
 
@@ -109,13 +141,77 @@ def test_engine_serves_records_events_and_stops_clean(
                              "vllm_xargs": {"output_rate_user": "user-a"}},
                        headers={"X-Request-Id": "rb-abc-1"})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+        attached = _attach_a_run(tmp_path, engine)
     finally:
         killed = engine.stop(grace_s=15)
     assert group_members(engine.pgid) == []
     assert killed == [], "the engine shut down on SIGINT within the grace period"
     assert "Application startup complete" in (tmp_path / "engine" / "engine.log").read_text()
+    _check_attached_run(attached)
     events = read_engine_events(engine.events_path)
     assert events.meta.get("default_tps") == 1000
+    first = events.string_index(next(s for s in events.strings if "rb-abc-1" in s))
     finishes = events.of_kind(3)
+    finishes = finishes[finishes["req"] == first]
     assert len(finishes) == 1 and int(finishes["count"][0]) == 5
     assert ENV_VAR not in os.environ
+
+
+ATTACH_PROFILE = """
+[profile]
+description = "test: attach to a running server"
+[model]
+source = "tiny"
+max_model_len = 512
+[engine]
+max_num_seqs = 4
+max_num_active_seqs = 2
+[limits]
+default_tps = 1000
+[limits.users]
+user-a = 1000
+[[scenarios]]
+kind = "cancellation"
+user = "user-a"
+streams = 2
+cancel_after_tokens = 3
+cancel_after_s = 0.3
+max_tokens = 400
+followup_streams = 1
+followup_max_tokens = 10
+settle_s = 0.1
+[[scenarios]]
+kind = "overhead"
+user = "user-a"
+streams = 1
+max_tokens = 5
+"""
+
+
+def _attach_a_run(tmp_path: Path, engine: RunningEngine) -> Path:
+    """`ratebench run --endpoint URL --events-file PATH` against the engine: no engine launched."""
+    from ratebench.profiles import load_profile
+    from ratebench.runner import RunOptions, run_profile
+
+    path = tmp_path / "attach.toml"
+    path.write_text(ATTACH_PROFILE)
+    outcome = run_profile(load_profile(str(path)),
+                          RunOptions(results_dir=tmp_path / "results", endpoint=engine.endpoint,
+                                     events_file=engine.events_path, verify=False, live=False),
+                          console=Console(stderr=True))
+    assert outcome.state == "complete", outcome.reason
+    return outcome.run_dir
+
+
+def _check_attached_run(run_dir: Path) -> None:
+    from ratebench.events import read_client_records
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert list(manifest["engines"]) == ["external"] and manifest["engines"]["external"]["kind"] == "external"
+    assert manifest["skipped_scenarios"][0]["scenario"] == "overhead"  # it needs launched engines
+    assert not (run_dir / "engines" / "external" / "engine.log").exists()
+    records = read_client_records(run_dir / "requests.jsonl")
+    assert {r.engine for r in records} == {"external"} and any(r.cancelled for r in records)
+    events = read_engine_events(run_dir / "engines" / "external" / "events.rbev")
+    ids = {events.strings[i] for i in events.records["req"]}
+    assert any(r.client_id in i for r in records for i in ids)

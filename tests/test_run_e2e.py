@@ -43,6 +43,7 @@ device = "cpu"
 scheduling = ["sync", "async"]
 startup_timeout_s = 300
 shutdown_grace_s = 15
+max_engines = 4
 
 [model]
 source = "tiny"
