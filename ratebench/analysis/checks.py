@@ -52,7 +52,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
         # 3. rates, for information
         rate = row.emit_rate or row.client_rate
         if rate is not None and rate.seed_rate_tps is not None:
-            checks.append(Check("rate-seed", *ids, round(rate.seed_rate_tps, 3), row.limit_tps, "<=", "tok/s", None,
+            checks.append(Check("rate-seed", *ids, round(rate.seed_rate_tps, 3), row.limit_tps, "vs", "tok/s", None,
                                 f"{rate.tokens} tokens over {(rate.last_ns - rate.first_ns) / 1e9:.3f} s "
                                 f"({'engine emit' if row.emit_rate else 'client'}), limit {row.limit_tps}"))
         # 5. reconciliation and cancellations

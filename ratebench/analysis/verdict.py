@@ -35,7 +35,7 @@ class Check:
     user: str | None
     figure: float | int | None
     threshold: float | int | None
-    op: str  # how figure compares with threshold: ">=", "<=", "=="
+    op: str  # how figure compares with threshold: ">=", "<="; "vs" beside a reference (information)
     unit: str
     passed: bool | None  # None: informational
     explanation: str
