@@ -186,7 +186,7 @@ def main() -> None:
           f"{info['events'] / total / 1e6:.2f} M events/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB "
           f"({res['peak_rss_bytes'] / info['events']:.0f} bytes/event)")
     for name, s in res["stages_s"].items():
-        print(f"  {name:<32} {s:7.3f} s")
+        print(f"  {name:<48} {s:7.3f} s")
     print(f"verdict: {'PASS' if res['passed'] else 'FAIL'}, {res['checks']} checks, {res['failures']} failed, "
           f"{res['rows']} user rows")
     if tmp is not None:

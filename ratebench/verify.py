@@ -44,9 +44,11 @@ def analyse_run(run_dir: str | Path, thresholds: Thresholds | None = None) -> Ve
     t0 = time.perf_counter()
     run = load_run(run_dir)
     stages["load"] = time.perf_counter() - t0
+    stages.update({f"load: {k}": v for k, v in run.stage_s.items()})
     t1 = time.perf_counter()
     summary = summarize_run(run, th)
     stages["analyse"] = time.perf_counter() - t1
+    stages.update({f"analyse: {k}": v for k, v in summary.stage_s.items()})
     t2 = time.perf_counter()
     checks = build_checks(run, summary, th)
     rows = [summary.rows[k] for k in sorted(summary.rows, key=lambda k: (k[0], k[1]))]

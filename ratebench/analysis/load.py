@@ -8,6 +8,7 @@ refuses raises :class:`RunFolderError` with the file and the reason, which
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,7 @@ class RunData:
     engines: dict[str, EngineInfo]
     traces: dict[str, EngineTrace]
     warnings: list[str] = field(default_factory=list)
+    stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
 
 
 def _read_json(path: Path, what: str):
@@ -173,16 +175,19 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
     req_path = run_dir / "requests.jsonl"
     if not req_path.is_file():
         raise RunFolderError(f"{req_path}: missing (client records, written by `ratebench run`)")
+    t0 = time.perf_counter()
     try:
         records = read_client_records(req_path)
     except EventFileError as exc:
         raise RunFolderError(str(exc)) from exc
 
     run = RunData(run_dir, manifest, phases, records, engines, {})
+    run.stage_s["requests.jsonl"] = time.perf_counter() - t0
     phase_of_key = {p.key: p.index for p in phases}
     for name, eng in engines.items():
         if eng.events_file is None:
             continue
+        t0 = time.perf_counter()
         if not eng.events_file.is_file():
             raise RunFolderError(f"{eng.events_file}: missing (engine events of {name!r}, named in manifest.json)")
         try:
@@ -197,6 +202,7 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         if order is not None:
             recs = recs[order]
         run.traces[name] = _trace(name, events, recs, records, phase_of_key)
+        run.stage_s[f"events {name}"] = time.perf_counter() - t0
         used = np.flatnonzero(np.bincount(recs["req"], minlength=len(events.strings))) if len(recs) else []
         unmatched = int(np.count_nonzero(run.traces[name].req_record[used] < 0))
         if unmatched:

@@ -6,6 +6,7 @@ Vectorized over events: one stable sort per grouping, then one pass per group
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -44,6 +45,7 @@ class RunSummary:
     warnings: list[str] = field(default_factory=list)
     # client record index -> the rate-limit user the engine charged (when it differs from what was sent)
     engine_user_of_record: dict[int, str] = field(default_factory=dict)
+    stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
 
     def user_of(self, record_index: int, sent_user: str | None) -> str:
         return self.engine_user_of_record.get(record_index, client_user(sent_user))
@@ -66,9 +68,13 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
                     f"{run.engines[p.engine].limit_of(user)}; checked against {row.limit_tps}")
     phase_of = {p.key: p.index for p in run.phases}
     for name in run.traces:
+        t0 = time.perf_counter()
         _summarize_engine(run, name, summary, thresholds, phase_of)
+        summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     _summarize_clients(run, summary, thresholds, phase_of)
     summary.overheads = _overheads(run, phase_of)
+    summary.stage_s["client records"] = time.perf_counter() - t0
     return summary
 
 
