@@ -25,7 +25,11 @@ class CompareLine:
 
     def cells(self) -> list[str]:
         def f(x):
-            return "-" if x is None else (f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}")
+            if x is None:
+                return "-"
+            if isinstance(x, int):
+                return str(x)
+            return f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}"
 
         return [self.where, self.engine, self.user, self.figure, f(self.a), f(self.b),
                 "-" if self.ratio is None else f"{self.ratio:.3f}"]
