@@ -182,6 +182,7 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         raise RunFolderError(str(exc)) from exc
 
     run = RunData(run_dir, manifest, phases, records, engines, {})
+    run.warnings.extend(f"run: {w}" for w in manifest.get("warnings") or [] if isinstance(w, str))
     run.stage_s["requests.jsonl"] = time.perf_counter() - t0
     phase_of_key = {p.key: p.index for p in phases}
     for name, eng in engines.items():
@@ -214,8 +215,8 @@ def _meta_disagreements(name: str, eng: EngineInfo, meta: dict) -> list[str]:
     """Where the engine's own event-file header disagrees with manifest.json."""
     out = []
     if "async_scheduling" in meta and bool(meta["async_scheduling"]) != eng.async_scheduling:
-        out.append(f"engine {name}: event file says async_scheduling={meta['async_scheduling']}, "
-                   f"manifest says {eng.async_scheduling}")
+        out.append(f"engine {name}: ran with async_scheduling={meta['async_scheduling']} (its event file), "
+                   f"asked for {eng.async_scheduling} (manifest.json)")
     if eng.feature:
         if "default_tps" in meta and meta["default_tps"] != eng.default_tps:
             out.append(f"engine {name}: event file says default_tps={meta['default_tps']}, manifest {eng.default_tps}")
