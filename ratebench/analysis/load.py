@@ -182,7 +182,10 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         raise RunFolderError(str(exc)) from exc
 
     run = RunData(run_dir, manifest, phases, records, engines, {})
-    run.warnings.extend(f"run: {w}" for w in manifest.get("warnings") or [] if isinstance(w, str))
+    run_warnings = [w for w in manifest.get("warnings") or [] if isinstance(w, str)]
+    run_warnings += [e["warning"] for e in (manifest.get("engines") or {}).values()
+                     if isinstance(e, dict) and isinstance(e.get("warning"), str) and e["warning"] not in run_warnings]
+    run.warnings.extend(f"run: {w}" for w in run_warnings)
     run.stage_s["requests.jsonl"] = time.perf_counter() - t0
     phase_of_key = {p.key: p.index for p in phases}
     for name, eng in engines.items():
@@ -197,7 +200,8 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
             raise RunFolderError(str(exc)) from exc
         if events.truncated:
             run.warnings.append(f"{eng.events_file}: last block truncated; verified the complete blocks")
-        run.warnings.extend(_meta_disagreements(name, eng, events.meta))
+        if not (manifest.get("engines") or {}).get(name, {}).get("warning"):  # the runner compared them already
+            run.warnings.extend(_meta_disagreements(name, eng, events.meta))
         recs = events.records
         order = time_order(recs["t_ns"])
         if order is not None:
