@@ -89,7 +89,7 @@ class TinyModelSettings:
     max_position_embeddings: int = 8192
     rope_theta: float = 1_000_000.0
     rms_norm_eps: float = 1e-6
-    dtype: str = "float32"  # storage dtype: "float32" or "bfloat16"
+    dtype: str = "bfloat16"  # storage dtype ("float32" works too; vLLM CPU serves bf16 either way)
     tokenizer_vocab_size: int = 2048  # BPE target; the corpus yields fewer
     tokenizer_min_frequency: int = 2
     # Weight scales: projections are N(0, (gain / sqrt(fan_in))^2).
