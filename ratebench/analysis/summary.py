@@ -165,15 +165,17 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
             sel = np.flatnonzero(m)
             groups = group_by(ph[sel] * n_codes + user_all[sel])
             order = sel[groups.order]
-        t, req = t_all[order], req_all[order]
+        t = t_all[order]
+        req = req_all[order] if label == "dispatch" else None  # emit gaps per request are precomputed
         c = None if c_all is None else c_all[order]
         request_gaps = gap_at_emit[order] if label == "emit" else None
         for _, key, sl in groups.slices():
             p_index, u_code = divmod(int(key), n_codes)
             row = _row(run, summary, p_index, strings[u_code])
-            tg, rg = t[sl], req[sl]
+            tg = t[sl]
             cg = None if c is None else c[sl]
             if label == "dispatch":
+                rg = req[sl]
                 if row.limit_tps:
                     row.bound_dispatch = bound_result(tg, None, row.limit_tps, th.burst_ns, 0)
                     phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_dispatch))
