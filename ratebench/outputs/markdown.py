@@ -108,7 +108,7 @@ def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_d
                     rows.append((eb.engine, eb.user, eb.limit_tps, label, b.events, b.tokens,
                                  f"{w.window_s:.3f}", w.tokens, f"{w.allowed_tokens:.2f}", f"{w.slack_tokens:+.3f}",
                                  "pass" if b.passed else "FAIL"))
-        out.append(_table(["engine", "user", "limit", "events", "n", "tokens", "worst W s", "tokens in W",
+        out.append(_table(["engine", "user", "limit", "on", "events", "tokens", "worst W s", "tokens in W",
                            "allowed", "slack", "result"], rows))
     if v.overheads:
         out.append("\n## Overhead\n\n")
