@@ -263,12 +263,13 @@ _EXIT_VERIFY_UNUSABLE = 2
 
 
 def _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
-                stream_spread_max, jain_min):
+                stream_spread_max, jain_min, emit_tolerance_ms):
     from ratebench.analysis import Thresholds
 
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
                       max_overhead=max_overhead, cancel_max_steps=cancel_max_steps,
-                      stream_spread_max=stream_spread_max, jain_min=jain_min)
+                      stream_spread_max=stream_spread_max, jain_min=jain_min,
+                      emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6))
 
 
 _OPT_DELIVERY = typer.Option("--delivery-min", help="backlogged user's steady rate, at least this x its limit")
@@ -280,6 +281,8 @@ _OPT_OVERHEAD = typer.Option("--max-overhead", help="fail when 1 - throughput(fe
 _OPT_CANCEL = typer.Option("--cancel-max-steps", help="emit events of a cancelled request after the cancel")
 _OPT_SPREAD = typer.Option("--stream-spread-max", help="tokens between one user's streams while all are active")
 _OPT_JAIN = typer.Option("--jain-min", help="Jain's index across backlogged users with equal limits")
+_OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
+                                                         "(default: the longest engine step measured)")
 
 
 @app.command("verify-bound")
@@ -292,6 +295,7 @@ def verify_bound_cmd(
     cancel_max_steps: _VAnnotated[int, _OPT_CANCEL] = 1,
     stream_spread_max: _VAnnotated[int, _OPT_SPREAD] = 2,
     jain_min: _VAnnotated[float, _OPT_JAIN] = 0.95,
+    emit_tolerance_ms: _VAnnotated[float | None, _OPT_EMIT_TOL] = None,
     plots: _VAnnotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: _VAnnotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
 ) -> None:
@@ -307,7 +311,7 @@ def verify_bound_cmd(
 
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     th = _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
-                     stream_spread_max, jain_min)
+                     stream_spread_max, jain_min, emit_tolerance_ms)
     try:
         result = analyse_run(run_dir, th)
     except RunFolderError as exc:

@@ -177,3 +177,12 @@ def test_engine_requests_without_a_client_record_count_in_the_whole_file_bound(t
     verdict = analyse_run(run).verdict
     assert {c.name for c in verdict.failures} == {"bound-dispatch-run", "bound-emit-run"}
     assert any("match no client record" in w for w in verdict.warnings)
+
+
+def test_emit_tolerance_can_be_set_instead_of_measured(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    assert verify_cli(run, "--emit-tolerance-ms", "0").exit_code in (0, 1)
+    verdict = json.loads((run / "verdict.json").read_text())
+    emit = [c for c in verdict["checks"] if c["name"] == "bound-emit"][0]
+    assert "step" not in emit["explanation"]  # no tolerance added
+    assert verdict["thresholds"]["emit_tolerance_ns"] == 0

@@ -121,7 +121,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     summary.engine_steps[name] = step
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
-    tol = step.longest_ns
+    tol = step.longest_ns if th.emit_tolerance_ns is None else th.emit_tolerance_ns
 
     user_codes = np.flatnonzero(np.bincount(user_col, minlength=n_codes)) if len(recs) else []
     limits = {int(c): eng.limit_of(strings[c]) for c in user_codes}

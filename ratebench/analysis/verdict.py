@@ -21,6 +21,7 @@ class Thresholds:
     cancel_max_steps: int = 1  # emit events of a cancelled request after the cancel
     stream_spread_max: int = 2  # tokens between one user's streams while all are active
     jain_min: float = 0.95  # Jain's index across backlogged users with equal limits
+    emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     burst_ns: int = BURST_NS
 
 
