@@ -1,0 +1,308 @@
+"""Run a workload through the real patched scheduler and write it as a run folder.
+
+The scheduler is the real patched ``Scheduler`` / ``AsyncScheduler`` of
+``tests/sched_harness.py`` with a hand-driven clock; the output is a run folder
+as ``ratebench run`` writes it (docs/run-folder.md), so ``verify_run`` checks it
+exactly as it checks a real run.
+
+Times, all on the fake clock, so that engine and client sides agree:
+
+* dispatch: the events the patch's own recorder writes (it stamps them with the
+  limiter's clock, which is the fake clock); their user is rewritten to the user
+  the client sent, so a mutant that charges someone else is still judged
+  against the real user;
+* emit: the step's dispatch time plus that step's length (the model ran in
+  between), with the tokens ``update_from_output`` returned for the request;
+* finish: at the emit of the last token, with its reason and total;
+* client chunks: emit time plus a small delay.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from ratebench._io import atomic_write_json
+from ratebench.events import (
+    ENV_VAR,
+    KIND_DISPATCH,
+    KIND_EMIT,
+    KIND_FINISH,
+    RECORD_DTYPE,
+    ClientRecord,
+    EventFileWriter,
+    read_engine_events,
+    write_client_records,
+)
+from sched_harness import NS_PER_S, Engine, FakeClock, create_scheduler, make_request
+
+ENGINE = "patched-sched"
+RUN_ID = "3a7c0de5"
+CLIENT_DELAY_NS = 2_000_000  # engine emit to the client's chunk
+# vLLM FinishReason (STOP 0, LENGTH 1, ABORT 2, ERROR 3) -> engine event reason code
+_FINISH_CODES = {0: 1, 1: 2, 2: 3, 3: 5}
+_FINISH_NAMES = {0: "stop", 1: "length", 2: "abort", 3: "error"}
+
+
+@dataclass
+class Stream:
+    """One client stream: ``requests`` requests one after the other (closed loop)."""
+
+    user: str
+    max_tokens: int
+    prompt_len: int = 10
+    requests: int = 1
+    start_s: float = 0.0  # after the phase starts
+
+
+@dataclass
+class Phase:
+    """One scenario phase: its streams, and the users whose delivery is checked."""
+
+    name: str
+    streams: list[Stream]
+    backlogged: set[str] = field(default_factory=set)
+    role: str = "measure"
+    scenario: str = "mutants"
+    kind: str = "seed-experiment"
+    max_s: float = 60.0  # give up (and fail loudly) after this much fake time
+
+
+@dataclass
+class Workload:
+    """Limits, scheduler settings and phases; phases run one after the other on one scheduler."""
+
+    default_tps: int
+    user_tps: dict[str, int]
+    phases: list[Phase]
+    scheduler_kw: dict = field(default_factory=dict)  # create_scheduler() arguments
+    idle_s: float = 0.5  # clock time between phases (the engine idles)
+
+    def limit_of(self, user: str) -> int:
+        return self.user_tps.get(user, self.default_tps)
+
+
+class Mutant:
+    """A limiter change applied to one scheduler; the base class changes nothing (the patch as shipped)."""
+
+    name = "correct"
+
+    def apply(self, scheduler) -> None:
+        """Change the scheduler or its limiter in place (monkeypatching the instance)."""
+
+    def on_request(self, request) -> None:
+        """Change a request before it is added."""
+
+
+@dataclass
+class HarnessRun:
+    """What a harness run produced, besides the folder."""
+
+    run_dir: Path
+    steps: int
+    engine: Engine
+
+
+class _Recorder:
+    """Collects emit/finish events and client chunks from update_from_output."""
+
+    def __init__(self, scheduler, clock: FakeClock, is_async: bool, rng: random.Random) -> None:
+        self.clock = clock
+        self.rng = rng
+        self.step_of: dict[int, tuple[int, int]] = {}  # id(SchedulerOutput) -> (t_ns, step_ns)
+        self.current_step_ns = 0
+        self.emits: list[tuple[int, int, str, int, int]] = []  # (t, kind, req, reason, count)
+        self.chunks: dict[str, list[tuple[int, int]]] = {}
+        self.finish: dict[str, tuple[int, str, int]] = {}  # req -> (t, reason, total)
+        self.requests: dict[str, object] = {}  # every request added (the scheduler forgets finished ones)
+        schedule, update = scheduler.schedule, scheduler.update_from_output
+
+        def recording_schedule():
+            out = schedule()
+            self.step_of[id(out)] = (clock(), self.current_step_ns)
+            return out
+
+        def recording_update(scheduler_output, model_runner_output):
+            outputs = update(scheduler_output, model_runner_output)
+            t0, step_ns = self.step_of.pop(id(scheduler_output))
+            t_emit = t0 + step_ns
+            for eco in (o for outs in outputs.values() for o in outs.outputs):
+                n = len(eco.new_token_ids)
+                if n:
+                    self.emits.append((t_emit, KIND_EMIT, eco.request_id, 0, n))
+                    delay = CLIENT_DELAY_NS + self.rng.randrange(0, 500_000)
+                    self.chunks.setdefault(eco.request_id, []).append((t_emit + delay, n))
+                if eco.finish_reason is not None:
+                    code = int(eco.finish_reason)
+                    total = self.requests[eco.request_id].num_output_tokens
+                    self.emits.append((t_emit, KIND_FINISH, eco.request_id, _FINISH_CODES.get(code, 0), total))
+                    self.finish[eco.request_id] = (t_emit, _FINISH_NAMES.get(code, "unknown"), total)
+            return outputs
+
+        scheduler.schedule = recording_schedule
+        scheduler.update_from_output = recording_update
+
+
+def run_workload(
+    run_dir: str | Path,
+    workload: Workload,
+    *,
+    mutant: Mutant | None = None,
+    async_scheduling: bool = False,
+    step_s: float = 0.005,
+    step_jitter: float = 0.0,
+    seed: int = 0,
+) -> HarnessRun:
+    """Drive the workload through the real scheduler (with ``mutant`` applied) and write a run folder.
+
+    ``step_jitter``: each step lasts ``step_s * uniform(1 - j, 1 + j)``.
+    """
+    run_dir = Path(run_dir)
+    (run_dir / "engines" / ENGINE).mkdir(parents=True, exist_ok=True)
+    mutant = mutant or Mutant()
+    rng = random.Random(seed)
+    clock = FakeClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_events = Path(tmp) / "raw.rbev"
+        old = os.environ.get(ENV_VAR)
+        os.environ[ENV_VAR] = str(raw_events)
+        try:
+            scheduler = create_scheduler(
+                default_tps=workload.default_tps, user_tps=workload.user_tps or None, clock=clock,
+                async_scheduling=async_scheduling, **workload.scheduler_kw,
+            )
+        finally:
+            if old is None:
+                del os.environ[ENV_VAR]
+            else:
+                os.environ[ENV_VAR] = old
+        mutant.apply(scheduler)
+        engine = Engine(scheduler, clock, step_s=step_s)
+        rec = _Recorder(scheduler, clock, engine.is_async, rng)
+        client, scen, user_of_req, steps = _drive(engine, rec, workload, mutant, step_s, step_jitter, rng)
+        scheduler.shutdown()
+        raw = read_engine_events(raw_events)
+    # vLLM's CPU platform resets scheduler_config.async_scheduling, so the recorder's header says
+    # False; the scheduler class is what decides here.
+    raw.meta["async_scheduling"] = engine.is_async
+    _write_events(run_dir, raw, rec, user_of_req)
+    _write_client_side(run_dir, workload, client, scen, rec, async_scheduling, clock, mutant)
+    return HarnessRun(run_dir, steps, engine)
+
+
+def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, step_s: float,
+           step_jitter: float, rng: random.Random):
+    clock = engine.clock
+    scheduler = engine.scheduler
+    n_request = 0
+    client: list[dict] = []  # per request: what the client record needs
+    scen: list[dict] = []
+    user_of_req: dict[str, str] = {}
+    steps = 0
+    for phase in workload.phases:
+        start_ns = clock()
+        deadline = start_ns + round(phase.max_s * NS_PER_S)
+        # per stream: requests still to send, the request in flight
+        todo = [s.requests for s in phase.streams]
+        in_flight: list[str | None] = [None] * len(phase.streams)
+        phase_requests: list[str] = []
+        while True:
+            now = clock()
+            for i, s in enumerate(phase.streams):
+                busy = in_flight[i] is not None and in_flight[i] not in rec.finish
+                if busy or todo[i] == 0 or now < start_ns + round(s.start_s * NS_PER_S):
+                    continue
+                n_request += 1
+                client_id = f"rb-{RUN_ID}-{n_request}"
+                req_id = f"cmpl-{client_id}-0-{rng.getrandbits(32):08x}"
+                request = make_request(req_id, user=s.user, prompt_len=s.prompt_len, max_tokens=s.max_tokens,
+                                       arrival_time=now / NS_PER_S)
+                mutant.on_request(request)
+                engine.add(request)
+                rec.requests[req_id] = request
+                user_of_req[req_id] = s.user
+                todo[i] -= 1
+                in_flight[i] = req_id
+                phase_requests.append(req_id)
+                client.append(dict(client_id=client_id, req_id=req_id, phase=phase, user=s.user, stream_index=i,
+                                   max_tokens=s.max_tokens, prompt_tokens=s.prompt_len, sent_ns=now))
+            if not any(todo) and all(r in rec.finish for r in phase_requests):
+                break
+            if now >= deadline:
+                raise AssertionError(f"phase {phase.name}: not done after {phase.max_s} s of fake time")
+            engine.step_ns = round(step_s * NS_PER_S * rng.uniform(1 - step_jitter, 1 + step_jitter))
+            rec.current_step_ns = engine.step_ns
+            engine.step()
+            steps += 1
+        engine.drain()
+        end_ns = clock()
+        users = sorted({s.user for s in phase.streams})
+        scen.append({
+            "scenario": phase.scenario, "kind": phase.kind, "phase": phase.name, "engine": ENGINE,
+            "start_ns": start_ns, "end_ns": end_ns, "role": phase.role,
+            "users": {u: {"limit_tps": workload.limit_of(u), "streams": sum(s.user == u for s in phase.streams),
+                          "backlogged": u in phase.backlogged} for u in users},
+            "params": {"max_tokens": max(s.max_tokens for s in phase.streams), "ignore_eos": True,
+                       "harness": True},
+        })
+        clock.advance_s(workload.idle_s)
+        assert not scheduler.has_unfinished_requests()
+    return client, scen, user_of_req, steps
+
+
+def _write_events(run_dir: Path, raw, rec: _Recorder, user_of_req: dict[str, str]) -> None:
+    """Dispatch events of the patch's recorder (fake-clock times) plus harness-timed emits and finishes."""
+    d = raw.of_kind(KIND_DISPATCH)
+    rows = [(int(r["t_ns"]), KIND_DISPATCH, raw.strings[r["req"]], 0, 1) for r in d]
+    rows += rec.emits
+    rows.sort(key=lambda r: r[0])  # stable: a step's dispatches before its emits at equal times
+    with EventFileWriter(run_dir / "engines" / ENGINE / "events.rbev", raw.meta) as w:
+        arr = np.zeros(len(rows), dtype=RECORD_DTYPE)
+        for i, (t, kind, req, reason, count) in enumerate(rows):
+            arr[i] = (t, kind, reason, 0, w.intern(req), w.intern(user_of_req[req]), count)
+        for i in range(0, max(len(arr), 1), 4096):
+            w.write_block(arr[i:i + 4096])
+
+
+def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], scen: list[dict], rec: _Recorder,
+                       async_scheduling: bool, clock: FakeClock, mutant: Mutant) -> None:
+    records = []
+    for c in client:
+        chunks = rec.chunks.get(c["req_id"], [])
+        t_fin, reason, total = rec.finish[c["req_id"]]
+        phase: Phase = c["phase"]
+        records.append(ClientRecord(
+            client_id=c["client_id"], scenario=phase.scenario, phase=phase.name, engine=ENGINE, user=c["user"],
+            api="completions", stream_index=c["stream_index"], max_tokens=c["max_tokens"], ignore_eos=True,
+            prompt_tokens=c["prompt_tokens"], scheduled_ns=c["sent_ns"], sent_ns=c["sent_ns"],
+            first_token_ns=chunks[0][0] if chunks else None, done_ns=chunks[-1][0] if chunks else t_fin,
+            chunk_ns=[t for t, _ in chunks], chunk_tokens=[n for _, n in chunks], completion_tokens=total,
+            finish_reason=reason, http_status=200,
+        ))
+    write_client_records(run_dir / "requests.jsonl", records)
+    atomic_write_json(run_dir / "scenarios.json", scen)
+    (run_dir / "engines" / ENGINE / "engine.log").write_text(
+        f"in-process patched scheduler (tests/sched_harness.py), limiter: {mutant.name}\n")
+    engine = {
+        "kind": "patched", "feature": True, "async_scheduling": async_scheduling,
+        "default_tps": workload.default_tps, "user_tps": dict(workload.user_tps),
+        "flags": ["--default-user-output-tokens-per-second", str(workload.default_tps)]
+        + [f"{k}={v}" for k, v in sorted(workload.scheduler_kw.items())],
+        "events_file": f"engines/{ENGINE}/events.rbev", "log_file": f"engines/{ENGINE}/engine.log",
+        "endpoint": None, "harness_limiter": mutant.name,
+    }
+    atomic_write_json(run_dir / "manifest.json", {
+        "ratebench_version": "0.1.0", "run_id": RUN_ID, "profile_name": "sched-harness",
+        "profile": {"name": "sched-harness"}, "state": "complete", "partial_reason": None,
+        "started_unix_s": 0.0, "ended_unix_s": 0.0, "started_monotonic_ns": scen[0]["start_ns"],
+        "ended_monotonic_ns": clock(), "git_commit": None, "python": "3", "vllm_version": "0.32.0",
+        "patch_sha256": None, "machine": {"hostname": "harness", "cpu": "fake clock", "cpus": 1, "gpu": None,
+                                          "platform": "in-process"},
+        "engines": {ENGINE: engine},
+    })
