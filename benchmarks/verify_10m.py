@@ -8,6 +8,13 @@ token, one finish event per request, and a client record with every chunk per
 request), then runs the whole verify (load, analysis, checks, plots, verdict.json,
 report.md) in a child process and prints events/second, wall time per stage and
 the child's peak RSS.
+
+Measured on the 2-core development VM (shared with other jobs, load average 2.5
+to 4 during the runs), 10,020,000 events, 20,000 requests, 5,010,000 client chunks:
+7.2 to 12 s in all without plots (reading requests.jsonl 1.6 to 2.3 s, reading the
+event file 0.6 to 0.8 s, engine-side analysis 3.1 to 4.8 s, client side 0.6 to
+0.7 s, verdict.json and report.md 0.8 to 1.4 s), plots 2.2 to 2.4 s more; peak
+RSS 1.3 GiB (about 135 bytes per event). One million events: 0.5 s.
 """
 
 from __future__ import annotations
