@@ -6,13 +6,22 @@ its stdout and stderr in ``engines/<name>/engine.log`` of the run folder. It is
 ready when ``/health`` answers 200 and ``/v1/models`` lists the served model.
 :meth:`RunningEngine.stop` always leaves no process of the group behind:
 SIGINT, then SIGTERM, then SIGKILL after the grace period.
+
+A *stock* engine serves the real pristine vLLM beside the patched install: the
+pristine content of the files the patch touches is imported from an overlay (a
+``sitecustomize`` on the engine's ``PYTHONPATH``), every other file is the
+installed one. The installed tree is never changed while engines run, so a run
+interrupted at any point leaves vLLM patched, and other processes never see a
+half-reverted tree.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
+import tempfile
 import socket
 import subprocess
 import sys
@@ -54,6 +63,10 @@ class EngineSpec:
     user_tps: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     record_events: bool = True
+    # kind "stock": the pristine content of the files the patch touches (path relative
+    # to site-packages -> bytes, None: absent in the release); served through an
+    # import overlay so the installed (patched) tree is never changed. None: as installed.
+    pristine_files: dict[str, bytes | None] | None = field(default=None, repr=False)
 
     def limiter_flags(self) -> list[str]:
         if not self.feature:
@@ -109,6 +122,71 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+# ---- stock vLLM beside the patched install ---------------------------------------------
+# Every Python process of the stock engine (API server, EngineCore, workers; spawned
+# or forked) runs this sitecustomize first (PYTHONPATH). It puts a finder in front
+# of the import system that loads the files the patch touches from their pristine
+# copies; every other file is the installed one, which the patch does not touch.
+
+_OVERLAY_MAP = "ratebench-stock-files.json"
+_OVERLAY_SITECUSTOMIZE = '''"""ratebench: serve stock vLLM (pristine copies of the files the limiter patch touches)."""
+import importlib.abc
+import importlib.util
+import json
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(_ROOT, "ratebench-stock-files.json")) as _f:
+    _FILES = json.load(_f)  # module -> {"file": path or null, "package_dir": path or null}
+
+
+class RatebenchStockFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        entry = _FILES.get(name)
+        if entry is None:
+            return None
+        if entry["file"] is None:
+            raise ModuleNotFoundError(f"No module named {name!r} (not part of stock vLLM)", name=name)
+        locations = [entry["package_dir"]] if entry["package_dir"] else None
+        return importlib.util.spec_from_file_location(name, entry["file"], submodule_search_locations=locations)
+
+
+sys.meta_path.insert(0, RatebenchStockFinder())
+# Chain to a sitecustomize further down the path, if there is one.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _ROOT]
+del sys.modules["sitecustomize"]
+try:
+    import sitecustomize  # noqa: F401
+except ImportError:
+    pass
+'''
+
+
+def write_stock_overlay(pristine_files: dict[str, bytes | None], site_packages: Path, dest: Path) -> dict[str, str]:
+    """Write the overlay for a stock engine into ``dest``; returns the environment it needs."""
+    import json
+
+    files: dict[str, dict[str, str | None]] = {}
+    for rel, content in pristine_files.items():
+        parts = Path(rel).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if is_package else parts)
+        target = None
+        if content is not None:
+            target = dest / "pristine" / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(content)
+        files[module] = {
+            "file": str(target) if target is not None else None,
+            "package_dir": str(site_packages / Path(rel).parent) if is_package else None,
+        }
+    (dest / _OVERLAY_MAP).write_text(json.dumps(files, indent=1))
+    (dest / "sitecustomize.py").write_text(_OVERLAY_SITECUSTOMIZE)
+    pythonpath = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": str(dest) + (os.pathsep + pythonpath if pythonpath else "")}
+
+
 _LIVE: dict[int, "RunningEngine"] = {}
 
 
@@ -122,8 +200,9 @@ class RunningEngine:
     """A started engine; stop() is idempotent and leaves no process behind."""
 
     def __init__(self, spec: EngineSpec, process: subprocess.Popen, port: int, folder: Path,
-                 events_path: Path | None, log_file) -> None:
+                 events_path: Path | None, log_file, overlay_dir: Path | None = None) -> None:
         self.spec = spec
+        self.overlay_dir = overlay_dir
         self.process = process
         self.pgid = process.pid  # start_new_session: the leader's pid is the group id
         self.port = port
@@ -185,6 +264,8 @@ class RunningEngine:
         finally:
             self.stopped = True
             _LIVE.pop(self.pgid, None)
+            if self.overlay_dir is not None:
+                shutil.rmtree(self.overlay_dir, ignore_errors=True)
             try:
                 self._log_file.close()
             except OSError:
@@ -206,6 +287,12 @@ def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
     })
     env.update(spec.env)
     env.pop(EVENTS_ENV_VAR, None)
+    overlay_dir = None
+    if spec.pristine_files is not None:
+        from ratebench.patching import site_packages_of_vllm
+
+        overlay_dir = Path(tempfile.mkdtemp(prefix=f"ratebench-{spec.name}-"))
+        env.update(write_stock_overlay(spec.pristine_files, site_packages_of_vllm(), overlay_dir))
     events_path = None
     if spec.record_events and spec.kind == "patched":
         events_path = folder / "events.rbev"
@@ -213,11 +300,17 @@ def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
     log_file = open(folder / "engine.log", "ab")
     log_file.write(f"# ratebench: {' '.join(spec.argv(port))}\n".encode())
     log_file.flush()
-    process = subprocess.Popen(
-        spec.argv(port), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-        env=env, start_new_session=True, cwd=folder,
-    )
-    return RunningEngine(spec, process, port, folder, events_path, log_file)
+    try:
+        process = subprocess.Popen(
+            spec.argv(port), stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True, cwd=folder,
+        )
+    except OSError:
+        log_file.close()
+        if overlay_dir is not None:
+            shutil.rmtree(overlay_dir, ignore_errors=True)
+        raise
+    return RunningEngine(spec, process, port, folder, events_path, log_file, overlay_dir)
 
 
 def start_engine(spec: EngineSpec, folder: Path, *, timeout_s: float, console: Console | None = None,
@@ -274,19 +367,3 @@ def wait_ready(engines: list[RunningEngine], timeout_s: float, console: Console)
             if pending:
                 time.sleep(0.5)
 
-
-def warm_up(engine: RunningEngine) -> None:
-    """One short streamed completion and chat request, so the request path is imported.
-
-    Used for the stock engine while the pristine files are in place: whatever vLLM
-    imports lazily on its first request is then the stock code too.
-    """
-    common = {"model": engine.spec.served_name, "max_tokens": 2, "stream": True,
-              "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    with httpx.Client(timeout=60.0) as client:
-        for path, body in (("/v1/completions", {"prompt": "Hello"}),
-                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}]})):
-            r = client.post(f"{engine.endpoint}{path}", json={**common, **body})
-            if r.status_code != 200:
-                raise EngineError(f"engine {engine.spec.name}: warm-up request to {path} answered HTTP "
-                                  f"{r.status_code}: {r.text[:300]}", log_tail(engine.log_path), engine.log_path)

@@ -4,10 +4,9 @@ The run folder follows ``docs/run-folder.md``. Each scenario is a list of phases
 each on one engine. Before a phase, its engine runs, with as many of the engines
 of the following phases as ``profile.max_engines`` allows (started together; one
 at a time on a GPU, whose memory one engine takes); an engine stops as soon as no
-later phase needs it. The stock engine (overhead scenario) runs the
-real pristine vLLM: the patch is reverted while it starts, until it serves and has
-answered a warm-up request (by then the code it runs is imported), and applied
-again in a ``finally``. An interrupted run (Ctrl-C, SIGTERM) is marked
+later phase needs it. The stock engine (overhead scenario) runs the real pristine
+vLLM through an import overlay (see ``ratebench.engine``): the installed tree stays
+patched throughout. An interrupted run (Ctrl-C, SIGTERM) is marked
 ``partial`` and never reported as a pass; no engine process outlives the run.
 """
 
@@ -34,7 +33,7 @@ from rich.console import Console
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready, warm_up
+from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready
 from ratebench.events import EventFileError, read_engine_events, write_client_records
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
@@ -162,6 +161,7 @@ class Run:
         self.model_path: str | None = None
         self.model_dir: Path | None = None
         self.manifest: dict[str, Any] = {}
+        self._pristine_files: dict[str, bytes | None] | None = None
 
     # ---- files ----------------------------------------------------------------------
 
@@ -245,8 +245,15 @@ class Run:
         feature = role == ROLE_FEATURE_ON and self.options.use_patch
         kind = "stock" if role == ROLE_STOCK or not self.options.use_patch else "patched"
         lim = self.profile.limits
+        pristine = None
+        if kind == "stock" and self.options.use_patch:
+            if self._pristine_files is None:
+                from ratebench import patching
+
+                self._pristine_files = patching.read_pristine_files()
+            pristine = self._pristine_files
         return EngineSpec(
-            name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"),
+            name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"), pristine_files=pristine,
             model=self.model_path or "", served_name=self.profile.model.served_name,
             flags=profile_engine_flags(self.profile),
             default_tps=lim.default_tps if feature else None,
@@ -262,6 +269,7 @@ class Run:
             "flags": spec.all_flags(), "events_file": None, "log_file": f"engines/{name}/engine.log",
             "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
             "stopped_monotonic_ns": None, "killed_pids": [],
+            "stock_overlay": spec.pristine_files is not None,
         }
         self.write_manifest()
         self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
@@ -287,28 +295,11 @@ class Run:
         self.write_manifest()
 
     def ensure_engines(self, names: list[str]) -> None:
-        """Start the engines not running yet: stock ones first and alone (the patch is
-        reverted until each serves), then every patched one at once."""
-        from ratebench import patching
-
+        """Start the engines not running yet, all at once, and wait until they serve."""
         missing = [n for n in dict.fromkeys(names) if n not in self.engines]
-        for name in [n for n in missing if self.engine_spec(n).kind == "stock"]:
+        if missing:
             t0 = time.monotonic()
-            reverted = False
-            try:
-                if self.options.use_patch:
-                    patching.revert_patch()
-                    reverted = True
-                engine = self._launch(name)
-                self._ready([engine], t0)
-                warm_up(engine)
-            finally:
-                if reverted:
-                    patching.apply_patch()
-        patched = [n for n in missing if self.engine_spec(n).kind != "stock"]
-        if patched:
-            t0 = time.monotonic()
-            self._ready([self._launch(n) for n in patched], t0)
+            self._ready([self._launch(n) for n in missing], t0)
 
     def stop(self, name: str, *, settle: bool = True) -> None:
         engine = self.engines.pop(name, None)

@@ -215,3 +215,39 @@ def _check_attached_run(run_dir: Path) -> None:
     events = read_engine_events(run_dir / "engines" / "external" / "events.rbev")
     ids = {events.strings[i] for i in events.records["req"]}
     assert any(r.client_id in i for r in records for i in ids)
+
+
+def test_stock_overlay_imports_the_pristine_files_and_nothing_the_patch_added(tmp_path: Path,
+                                                                               patched_vllm: str) -> None:
+    from ratebench import patching
+    from ratebench.engine import write_stock_overlay
+
+    pristine = patching.read_pristine_files()
+    env = dict(os.environ)
+    env.update(write_stock_overlay(pristine, patching.site_packages_of_vllm(), tmp_path))
+    probe = (
+        "import hashlib, importlib, json, sys\n"
+        "out = {}\n"
+        "for name in ('vllm.v1.core.sched.scheduler', 'vllm.engine.arg_utils'):\n"
+        "    m = importlib.import_module(name)\n"
+        "    out[name] = [m.__file__, hashlib.sha256(open(m.__file__, 'rb').read()).hexdigest()]\n"
+        "try:\n"
+        "    import vllm.v1.core.sched.output_rate\n"
+        "    out['added'] = 'imported'\n"
+        "except ModuleNotFoundError:\n"
+        "    out['added'] = 'absent'\n"
+        "print(json.dumps(out))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    import hashlib
+
+    for name, rel in (("vllm.v1.core.sched.scheduler", "vllm/v1/core/sched/scheduler.py"),
+                      ("vllm.engine.arg_utils", "vllm/engine/arg_utils.py")):
+        path, digest = out[name]
+        assert path.startswith(str(tmp_path))
+        assert digest == hashlib.sha256(pristine[rel]).hexdigest()
+    assert out["added"] == "absent"
+    assert b"output_rate" not in pristine["vllm/v1/core/sched/scheduler.py"]
+    assert patching.patch_status().overall == "patched"  # the installed tree was not touched

@@ -178,7 +178,8 @@ def _without_limiter(flags: list[str]) -> list[str]:
 
 def test_run_completes_and_writes_the_run_folder(small_run) -> None:
     outcome, _ = small_run
-    assert outcome.state == "complete", outcome.reason
+    tail = outcome.engine_error.log_tail if outcome.engine_error else ""
+    assert outcome.state == "complete", f"{outcome.reason}\n{tail}"
     assert outcome.exit_code == 0
     run_dir = outcome.run_dir
     assert run_dir.parent.name == "small"
@@ -193,6 +194,9 @@ def test_run_completes_and_writes_the_run_folder(small_run) -> None:
     for name in engines - {"stock-sync"}:
         assert (run_dir / "engines" / name / "events.rbev").is_file()
     assert not (run_dir / "engines" / "stock-sync" / "events.rbev").exists()  # stock vLLM records nothing
+    stock_log = (run_dir / "engines" / "stock-sync" / "engine.log").read_text()
+    assert "output-rate" not in stock_log and "output_rate" not in stock_log
+    assert "output-rate engine events" in (run_dir / "engines" / "patched-sync" / "engine.log").read_text()
 
 
 def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
@@ -205,6 +209,7 @@ def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
     assert m["started_monotonic_ns"] < m["ended_monotonic_ns"] and m["started_unix_s"] < m["ended_unix_s"]
     e = m["engines"]
     assert (e["stock-sync"]["kind"], e["stock-sync"]["feature"]) == ("stock", False)
+    assert e["stock-sync"]["stock_overlay"] and not e["patched-sync"]["stock_overlay"]
     assert (e["feature-off-sync"]["kind"], e["feature-off-sync"]["feature"]) == ("patched", False)
     assert e["patched-sync"]["feature"] and e["patched-sync"]["default_tps"] == 200
     assert e["patched-async"]["async_scheduling"] and "--async-scheduling" in e["patched-async"]["flags"]
