@@ -19,9 +19,26 @@ channel (0) as a constant: every embedding row holds ``bias_channel_value`` ther
 and no layer writes to it, so after the final norm it acts like a bias input. The
 ``lm_head`` row of ``<|im_end|>`` reads it with a positive weight (an EOS logit
 bias, plus a random part so greedy decoding ends too), and the rows of the other
-special tokens read it with a large negative weight (never sampled). Ordinary
-prompts then end in EOS after a few tens of tokens at temperature 1.0; see
-``docs/tiny-model.md`` for the measured figures.
+special tokens read it with a large negative weight (never sampled). The EOS
+row also points away from the "\n" that ends the generation prompt, so the first
+answer token is almost never EOS.
+
+Measured through vLLM 0.32.0 CPU (2 shared cores, chat API, no ``ignore_eos``):
+
+- temperature 1.0: 64 of 64 answers end with finish_reason "stop"; length
+  median 22 to 28 tokens, p10 4 to 6, p90 62 to 77, max 88 to 148 (several runs);
+- greedy (temperature 0): answers end after 2 to 4 tokens (the greedy path
+  hardly depends on the prompt in a random model);
+- with ``ignore_eos`` it decodes as long as asked (prompts up to 4,096 tokens).
+
+Serving (``python -m vllm.entrypoints.openai.api_server --model PATH
+--max-model-len 4096 --max-num-seqs 32 --max-num-batched-tokens 256
+--enforce-eager``, ``VLLM_CPU_KVCACHE_SPACE=1``): ``--dtype auto`` serves
+bfloat16 (vLLM's CPU platform downcasts float32 checkpoints too); about 40 to 50 s
+to ready on a busy 2-core machine, almost all of it Python imports; torch.compile
+(no ``--enforce-eager``) adds 12 to 27 s. Decode with ``ignore_eos``: 1 stream
+about 230 to 360 tok/s, 16 streams about 2,000 to 3,100 tok/s, 32 streams about
+2,100 to 4,600 tok/s (noisy: other work shared the cores).
 """
 
 from __future__ import annotations
@@ -187,6 +204,7 @@ def ensure_tiny_model(
         # Another process may have generated it while we waited for the lock.
         if not force and _is_complete(dest, expected):
             return dest
+        _refuse_foreign_folder(dest)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
         try:
             tmp.chmod(0o755)  # mkdtemp makes it private; the model is not secret
@@ -256,6 +274,17 @@ def _is_complete(dest: Path, expected_hash: str) -> bool:
         return False
 
 
+def _refuse_foreign_folder(dest: Path) -> None:
+    """Never replace a folder that is not a tiny model of ours (a mistyped --dest)."""
+    if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+        raise TinyModelError(f"{dest} exists and is not a folder; pass another --dest")
+    if dest.is_dir() and any(dest.iterdir()) and not (dest / STAMP_FILE).exists():
+        raise TinyModelError(
+            f"{dest} is a non-empty folder without {STAMP_FILE}: not a ratebench tiny model, "
+            "so it is left alone; pass an empty or new folder as --dest"
+        )
+
+
 @contextlib.contextmanager
 def _generation_lock(dest: Path) -> Iterator[None]:
     lock_path = dest.parent / f".{dest.name}.lock"
@@ -269,16 +298,13 @@ def _generation_lock(dest: Path) -> Iterator[None]:
 
 def _replace_folder(new: Path, dest: Path) -> None:
     old: Path | None = None
-    if dest.exists() or dest.is_symlink():
+    if dest.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
         old.rmdir()
         os.rename(dest, old)
     os.rename(new, dest)
     if old is not None:
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink()
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _file_sha256(path: Path) -> str:

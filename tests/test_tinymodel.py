@@ -179,6 +179,16 @@ def test_force_regenerates_the_same_bytes(tmp_path: Path) -> None:
     assert tiny_model_digest(dest) == digest
 
 
+def test_a_folder_that_is_not_a_tiny_model_is_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(TinyModelError, match="left alone"):
+        ensure_tiny_model(tmp_path, force=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (ensure_tiny_model(empty) / STAMP_FILE).exists()
+
+
 def test_models_dir_env_sets_the_default_parent(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(tinymodel.MODELS_DIR_ENV, str(tmp_path / "models"))
     assert default_tiny_model_path() == tmp_path / "models" / "tiny-qwen3"
