@@ -52,6 +52,19 @@ def test_same_seed_gives_same_bytes_in_a_fresh_folder(model_dir: Path, tmp_path:
     assert (again / "model.safetensors").read_bytes() == (model_dir / "model.safetensors").read_bytes()
 
 
+def test_another_process_writes_the_same_bytes(model_dir: Path, tmp_path: Path) -> None:
+    """No hash-seed or thread-order dependence (the BPE trainer runs in Rust)."""
+    code = (
+        "import sys; from pathlib import Path; from ratebench.tinymodel import *; "
+        "print(tiny_model_digest(ensure_tiny_model(Path(sys.argv[1]))))"
+    )
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "m")], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == tiny_model_digest(model_dir)
+
+
 def test_model_loads_in_transformers_with_the_promised_shape(model_dir: Path, hf_tokenizer) -> None:
     import torch
     from transformers import AutoModelForCausalLM
@@ -195,6 +208,9 @@ def test_models_dir_env_sets_the_default_parent(tmp_path: Path, monkeypatch) -> 
     monkeypatch.delenv(tinymodel.MODELS_DIR_ENV)
     repo_root = Path(tinymodel.__file__).resolve().parent.parent
     assert default_tiny_model_path() == repo_root / "models" / "tiny-qwen3"
+    monkeypatch.setattr(tinymodel, "_source_checkout_root", lambda: None)  # an installed wheel
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_tiny_model_path() == tmp_path / ".cache" / "ratebench" / "models" / "tiny-qwen3"
 
 
 def test_missing_stamp_is_an_actionable_error(tmp_path: Path) -> None:
