@@ -89,3 +89,11 @@ def test_grouped_check_is_the_same_as_one_user_at_a_time():
 def test_users_without_a_limit_are_skipped():
     r = check_bound_grouped(np.arange(5), np.array([0, 0, 1, 1, 1]), {0: 10, 1: None})
     assert set(r) == {0}
+
+
+def test_users_can_be_named_by_strings():
+    t = np.array([0, 0, 0, 0, 10**9])
+    users = np.array(["a", "b", "a", "a", "b"])
+    r = check_bound_grouped(t, users, {"a": 20, "b": 20})
+    assert r["a"].passed and r["a"].tokens == 3
+    assert r["b"].tokens == 2

@@ -159,13 +159,13 @@ def check_bound(
 def check_bound_grouped(
     t_ns: np.ndarray,
     keys: np.ndarray,
-    limit_tps: Mapping[int, int | None],
+    limit_tps: Mapping[int | str, int | None],
     *,
     counts: np.ndarray | None = None,
     burst_ns: int = BURST_NS,
     tolerance_ns: int = 0,
 ) -> dict[int, BoundResult]:
-    """``check_bound`` for every group of ``keys`` (e.g. user codes) at once.
+    """``check_bound`` for every group of ``keys`` (user codes or user names) at once.
 
     ``limit_tps`` maps a key to its limit; keys without a limit (absent or None)
     are skipped. One stable sort by time (skipped when already sorted) and one by key.
@@ -190,8 +190,9 @@ def check_bound_grouped(
     c = None if c is None else c[groups.order]
     out: dict[int, BoundResult] = {}
     for _, key, sl in groups.slices():
-        limit = limit_tps.get(int(key))
+        key = key.item() if hasattr(key, "item") else key  # numpy scalar -> int or str
+        limit = limit_tps.get(key)
         if limit is None:
             continue
-        out[int(key)] = bound_result(t[sl], None if c is None else c[sl], int(limit), burst_ns, tolerance_ns)
+        out[key] = bound_result(t[sl], None if c is None else c[sl], int(limit), burst_ns, tolerance_ns)
     return out
