@@ -118,6 +118,32 @@ def test_valid_flags_parse_to_an_int_and_a_dict(serve_parser):
     assert type(args.user_output_tokens_per_second) is dict
 
 
+def test_dotted_overrides_parse_to_the_same_dict(serve_parser):
+    """vLLM's ``--flag.key value`` form for JSON flags goes through the same check."""
+    args = serve_parser.parse_args(
+        ["m", DEFAULT_FLAG, "10", f"{USER_FLAG}.user-a", "100", f"{USER_FLAG}.user-b", "5"]
+    )
+    assert args.user_output_tokens_per_second == {"user-a": 100, "user-b": 5}
+    message = parse_error(serve_parser, DEFAULT_FLAG, "10", f"{USER_FLAG}.user-a", "true")
+    assert f"{USER_FLAG}: the rate of user 'user-a' must be a positive integer" in message
+
+
+def test_a_config_file_goes_through_the_same_checks(serve_parser, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "default-user-output-tokens-per-second: 10\n"
+        "user-output-tokens-per-second:\n  user-a: 100\n"
+    )
+    args = serve_parser.parse_args(["m", "--config", str(good)])
+    assert args.default_user_output_tokens_per_second == 10
+    assert args.user_output_tokens_per_second == {"user-a": 100}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("default-user-output-tokens-per-second: 0\n")
+    assert f"{DEFAULT_FLAG} must be a positive integer" in parse_error(
+        serve_parser, "--config", str(bad)
+    )
+
+
 def test_without_the_flags_the_feature_is_off(serve_parser):
     args = serve_parser.parse_args(["m"])
     assert args.default_user_output_tokens_per_second is None
