@@ -356,6 +356,122 @@ def compare_cmd(
 # ---- profile-scheduler -----------------------------------------------------------------
 # (section owned by ratebench/profiling.py)
 
+from pathlib import Path as _PPath  # noqa: E402
+from typing import Annotated as _PAnnotated  # noqa: E402
+
+
+def _parse_r_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        values = []
+    if not values or any(v <= 0 for v in values):
+        raise typer.BadParameter(f"expected positive integers separated by commas (e.g. 16,64,256), got {text!r}")
+    return values
+
+
+@app.command("profile-scheduler")
+def profile_scheduler_cmd(
+    profile: _PAnnotated[str, typer.Option("--profile", "-p", help="built-in profile name or path to a .toml")] = (
+        _profiles.DEFAULT_PROFILE),
+    r_list: _PAnnotated[str | None, typer.Option(
+        "--r", help="resident requests R, comma separated (default for cpu-tiny: 16,64,256,1024)")] = None,
+    duration_s: _PAnnotated[float, typer.Option("--duration-s", help="py-spy sampling per R, seconds")] = 4.0,
+    rate_hz: _PAnnotated[int, typer.Option("--rate-hz", help="py-spy samples per second")] = 100,
+    limit_tps: _PAnnotated[int, typer.Option(
+        "--limit-tps", help="the throttled users' rate on the launched engine (its default rate)")] = 1,
+    endpoint: _PAnnotated[str | None, typer.Option(
+        "--endpoint", help="profile a server someone else started (URL; with --pid; engine part only)")] = None,
+    pid: _PAnnotated[int | None, typer.Option(
+        "--pid", help="with --endpoint: that server's pid, or its EngineCore's")] = None,
+    engine_part: _PAnnotated[bool, typer.Option("--engine/--no-engine", help="part 1: py-spy under a real engine")] = (
+        True),
+    microbench_part: _PAnnotated[bool, typer.Option(
+        "--microbench/--no-microbench", help="part 2: the in-process schedule() microbenchmark")] = True,
+    rounds: _PAnnotated[int, typer.Option("--rounds", help="microbenchmark rounds (a, b, c, d each)")] = 15,
+    calls_per_round: _PAnnotated[int, typer.Option("--calls-per-round", help="schedule() calls per variant "
+                                                                              "per round")] = 100,
+    active_seqs: _PAnnotated[int | None, typer.Option(
+        "--active-seqs", help="microbenchmark --max-num-active-seqs (default: the profile's)")] = None,
+    streams_per_user: _PAnnotated[int, typer.Option("--streams-per-user", help="R / users")] = 4,
+    breakdown_r: _PAnnotated[int | None, typer.Option(
+        "--breakdown", help="also cProfile schedule() in (b), (c), (d) at this R and print where the time goes")] = (
+        None),
+    out: _PAnnotated[_PPath | None, typer.Option(
+        "--out", help="output folder (default: results/profile-scheduler/<UTC>-<id>/)")] = None,
+) -> None:
+    """Where the scheduler's time goes with many throttled requests resident.
+
+    Part 1: py-spy on the EngineCore of the profile's patched engine, per R (flame graph and
+    speedscope files, shares of schedule(), the limiter, the rotation, update_from_output).
+    Part 2: microseconds per schedule() call, feature off (a), limits never reached (b), every
+    request throttled (c), half throttled (d), as ratios to (a). Exit 0 when done, 2 on usage errors.
+    """
+    import sys as _sys
+
+    from ratebench import profiling as _prof
+    from ratebench.microbench import MicrobenchSettings
+
+    err = _Console(stderr=True, soft_wrap=True, highlight=False)
+    table_out = _Console() if _Console().is_terminal else _Console(width=200)
+    try:
+        prof = _profiles.load_profile(profile)
+        r_values = _parse_r_list(r_list) or _prof.r_values_for(prof.name)
+    except (_profiles.ProfileError, typer.BadParameter) as exc:
+        err.print(f"[bold red]error:[/] {_escape(str(exc))}")
+        raise typer.Exit(2) from None
+    if (endpoint is None) != (pid is None):
+        err.print("[bold red]error:[/] --endpoint and --pid go together (the server to load, the process to record)")
+        raise typer.Exit(2)
+    out_dir = out if out is not None else _prof.new_out_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    err.print(f"output folder: {out_dir}")
+
+    engine_report = None
+    if engine_part:
+        settings = _prof.EngineProfileSettings(r_values=r_values, duration_s=duration_s, rate_hz=rate_hz,
+                                               limit_tps=limit_tps, streams_per_user=streams_per_user)
+        try:
+            engine_report = _prof.record_engine(prof, settings, out_dir, endpoint=endpoint, pid=pid,
+                                                log=lambda m: err.print(_escape(m)), console=err)
+        except Exception as exc:  # noqa: BLE001 - part 2 still runs; the reason is printed
+            err.print(f"[bold red]engine part failed:[/] {_escape(str(exc))}")
+            log_tail = getattr(exc, "log_tail", "")
+            if log_tail:
+                err.print(_escape(log_tail.rstrip()))
+        if engine_report is not None:
+            if engine_report.rows:
+                table_out.print(_prof.engine_table(engine_report))
+            for w in engine_report.warnings:
+                err.print(f"[yellow]warning:[/] {_escape(w)}")
+
+    micro_report = None
+    breakdowns = []
+    if microbench_part and endpoint is None:
+        ms = MicrobenchSettings(r_values=r_values, rounds=rounds, calls_per_round=calls_per_round,
+                                active_seqs=active_seqs or prof.engine.max_num_active_seqs,
+                                streams_per_user=streams_per_user)
+        err.print(f"microbenchmark: R = {', '.join(map(str, r_values))}; {rounds} rounds of {calls_per_round} calls "
+                  f"per variant")
+        results = _prof.run_microbench(ms, on_round=lambda r, k: err.print(
+            f"  R={r}: round {k + 1}/{rounds}", end="\r") if err.is_terminal else None)
+        micro_report = _prof.summarize_microbench(results, ms)
+        table_out.print(_prof.microbench_table(micro_report))
+        for line in _prof.target_verdicts(micro_report):
+            table_out.print(f"target: {_escape(line)}")
+        for w in micro_report.warnings:
+            err.print(f"[yellow]warning:[/] {_escape(w)}")
+        if breakdown_r is not None:
+            for variant in ("never-reached", "all-throttled", "half-throttled"):
+                b = _prof.breakdown(variant, breakdown_r, ms)
+                breakdowns.append(b)
+                table_out.print(_prof.breakdown_table(b))
+    path = _prof.write_results(out_dir, command=list(_sys.argv), microbench=micro_report, engine=engine_report,
+                               breakdowns=breakdowns)
+    err.print(f"wrote {path}")
+
 
 def main() -> None:  # pragma: no cover
     app()
