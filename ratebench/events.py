@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 FILE_MAGIC = b"RBEVFILE"
 BLOCK_MAGIC = b"RBEVBLK1"
@@ -113,10 +114,10 @@ def read_engine_events(path: str | Path) -> EngineEvents:
     except ValueError as exc:
         raise EventFileError(f"{path}: header metadata is not valid JSON ({exc})") from exc
     pos += meta_len
-    strings: list[str] = []
-    chunks: list[np.ndarray] = []
+    # First pass: block boundaries only; second: one copy of the records into one array.
+    blocks: list[tuple[int, int, int]] = []  # (strings start, strings bytes, records)
+    total = 0
     truncated = False
-    mv = memoryview(data)
     while pos < len(data):
         if len(data) - pos < _HEADER.size:
             truncated = True
@@ -128,13 +129,21 @@ def read_engine_events(path: str | Path) -> EngineEvents:
         if end > len(data):
             truncated = True
             break
-        spos = pos + _HEADER.size
+        blocks.append((pos + _HEADER.size, n_str, n_rec))
+        total += n_rec
+        pos = end
+    strings: list[str] = []
+    records = np.empty(total, dtype=RECORD_DTYPE)
+    raw = records.view(np.uint8)
+    out = 0
+    for spos, n_str, n_rec in blocks:
         if n_str:
             strings.extend(json.loads(data[spos : spos + n_str]))
         if n_rec:
-            chunks.append(np.frombuffer(mv[spos + n_str : end], dtype=RECORD_DTYPE))
-        pos = end
-    records = np.concatenate(chunks) if chunks else np.empty(0, dtype=RECORD_DTYPE)
+            size = n_rec * RECORD_DTYPE.itemsize
+            rpos = spos + n_str
+            raw[out : out + size] = np.frombuffer(data, dtype=np.uint8, count=size, offset=rpos)
+            out += size
     return EngineEvents(path=path, meta=meta, records=records, strings=strings, truncated=truncated)
 
 
@@ -223,10 +232,10 @@ class ClientRecord:
 
 def write_client_records(path: str | Path, records: list[ClientRecord]) -> None:
     """Write records as JSONL, atomically."""
-    from ratebench._io import atomic_write_text
+    from ratebench._io import atomic_write_bytes
     from dataclasses import asdict
 
-    atomic_write_text(path, "".join(json.dumps(asdict(r)) + "\n" for r in records))
+    atomic_write_bytes(path, b"".join(orjson.dumps(asdict(r)) + b"\n" for r in records))
 
 
 def read_client_records(path: str | Path) -> list[ClientRecord]:
@@ -241,7 +250,7 @@ def read_client_records(path: str | Path) -> list[ClientRecord]:
         if not line.strip():
             continue
         try:
-            out.append(ClientRecord(**json.loads(line)))
+            out.append(ClientRecord(**orjson.loads(line)))
         except (ValueError, TypeError) as exc:
             raise EventFileError(f"{path}:{lineno}: not a client record ({exc})") from exc
     return out
