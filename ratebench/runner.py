@@ -37,7 +37,6 @@ from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engi
 from ratebench.events import EventFileError, read_engine_events, write_client_records
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
-    ROLE_FEATURE_OFF,
     ROLE_FEATURE_ON,
     ROLE_STOCK,
     EngineRef,

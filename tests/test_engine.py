@@ -13,7 +13,7 @@ import httpx
 import pytest
 from rich.console import Console
 
-from ratebench.engine import EngineError, EngineSpec, RunningEngine, group_members, start_engine
+from ratebench.engine import EngineSpec, RunningEngine, group_members, start_engine
 from ratebench.events import ENV_VAR, read_engine_events
 
 
@@ -106,25 +106,7 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
 
 
 # ---- against a real CPU engine ---------------------------------------------------------------
-
-
-@pytest.mark.e2e
-def test_engine_that_cannot_start_shows_its_log_and_leaves_nothing(
-        tmp_path: Path, patched_vllm: str, tiny_model: Path, engine_lock: None) -> None:
-    spec = _spec(model=str(tiny_model), flags=["--max-num-seqs", "not-a-number"])
-    with pytest.raises(EngineError) as info:
-        start_engine(spec, tmp_path / "engine", timeout_s=120, console=Console(stderr=True), grace_s=5)
-    err = info.value
-    assert "exited with code" in str(err)
-    assert "max-num-seqs" in err.log_tail  # vLLM's own complaint, from the log
-    assert (tmp_path / "engine" / "engine.log").is_file()
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    for pid in pids:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        assert str(tmp_path).encode() not in cmdline
+# (An engine that cannot start: tests/test_run_e2e.py, through `ratebench run`.)
 
 
 @pytest.mark.e2e
