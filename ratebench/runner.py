@@ -13,7 +13,6 @@ patched throughout. An interrupted run (Ctrl-C, SIGTERM) is marked
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import platform
 import secrets
@@ -58,10 +57,6 @@ EVENTS_SETTLE_S = 0.5
 
 class RunError(RuntimeError):
     """A run that cannot start (patch, model, endpoint): the message says what to do."""
-
-
-class RunInterrupted(BaseException):
-    """SIGINT or SIGTERM during a run."""
 
 
 @dataclass
