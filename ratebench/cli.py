@@ -463,13 +463,22 @@ def profile_scheduler_cmd(
             table_out.print(f"target: {_escape(line)}")
         for w in micro_report.warnings:
             err.print(f"[yellow]warning:[/] {_escape(w)}")
-        if breakdown_r is not None:
-            for variant in ("never-reached", "all-throttled", "half-throttled"):
-                b = _prof.breakdown(variant, breakdown_r, ms)
-                breakdowns.append(b)
-                table_out.print(_prof.breakdown_table(b))
+    line_breakdowns = []
+    if breakdown_r is not None and endpoint is None:
+        ms = MicrobenchSettings(r_values=[breakdown_r], active_seqs=active_seqs or prof.engine.max_num_active_seqs,
+                                streams_per_user=streams_per_user)
+        for variant in ("never-reached", "all-throttled", "half-throttled"):
+            b = _prof.breakdown(variant, breakdown_r, ms)
+            breakdowns.append(b)
+            table_out.print(_prof.breakdown_table(b))
+            lb = _prof.line_breakdown(variant, breakdown_r, ms)
+            line_breakdowns.append(lb)
+            if lb.error:
+                err.print(f"[yellow]warning:[/] line breakdown of {variant}: {_escape(lb.error)}")
+            else:
+                table_out.print(_prof.line_breakdown_table(lb))
     path = _prof.write_results(out_dir, command=list(_sys.argv), microbench=micro_report, engine=engine_report,
-                               breakdowns=breakdowns)
+                               breakdowns=breakdowns, line_breakdowns=line_breakdowns)
     err.print(f"wrote {path}")
 
 

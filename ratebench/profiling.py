@@ -285,6 +285,112 @@ def _short_path(file: str) -> str:
     return file
 
 
+SCHEDULER_FILE = "vllm/v1/core/sched/scheduler.py"
+
+
+def patch_added_lines(target: str = SCHEDULER_FILE, patch_dir: Path | None = None) -> set[int]:
+    """Line numbers, in the patched file, of the lines the patch series adds to ``target``."""
+    from ratebench import patching
+
+    patch_dir = Path(patch_dir) if patch_dir is not None else patching.DEFAULT_PATCH_DIR
+    names = [ln.strip() for ln in (patch_dir / "series").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    added: set[int] = set()
+    for name in names:
+        in_target, new_line = False, 0
+        for line in (patch_dir / name).read_text().splitlines():
+            if line.startswith("+++ "):
+                in_target = line[4:].strip().removeprefix("b/") == target
+                continue
+            if line.startswith("--- ") and not in_target:
+                continue
+            if not in_target:
+                continue
+            m = re.match(r"^@@ -\d+(?:,\d+)? \+(\d+)(?:,\d+)? @@", line)
+            if m:
+                new_line = int(m.group(1))
+            elif line.startswith("+"):
+                added.add(new_line)
+                new_line += 1
+            elif line.startswith(" ") or line == "":
+                new_line += 1
+    return added
+
+
+@dataclass
+class LineCost:
+    line: int
+    share: float  # of the samples inside schedule()
+    from_patch: bool
+    source: str
+
+
+@dataclass
+class LineBreakdown:
+    variant: str
+    r: int
+    samples_in_schedule: int
+    patch_share: float  # samples at lines the patch added (their callees included)
+    top: list[LineCost]
+    state: dict[str, Any]
+    error: str | None = None
+
+
+def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_s: float = 5.0,
+                   rate_hz: int = 250, top_n: int = 12, model_dir: Path | None = None) -> LineBreakdown:
+    """py-spy on this process while it steps one microbenchmark variant: each sample inside
+    ``schedule()`` goes to the line of schedule() it was on (a call site holds its callee's
+    time), marked as added by the patch or upstream vLLM's."""
+    import linecache
+
+    if model_dir is None:
+        from ratebench.tinymodel import ensure_tiny_model
+
+        model_dir = ensure_tiny_model()
+    quiet_vllm_logs()
+    bench = SchedulerBench(variant, r, settings, model_dir)
+    for _ in range(warmup_calls_for(r, settings)):
+        bench.step(timed=False)
+    problem = ptrace_problem()
+    if problem is not None:
+        return LineBreakdown(variant, r, 0, 0.0, [], bench.state(), problem)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ratebench-lines-") as tmp:
+        raw = Path(tmp) / "raw.txt"
+        proc = subprocess.Popen([py_spy_binary(), "record", "--pid", str(os.getpid()), "--duration",
+                                 str(max(1, round(duration_s))), "--rate", str(rate_hz), "--format", "raw",
+                                 "--output", str(raw)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        while proc.poll() is None:
+            for _ in range(10):
+                bench.step()
+        _, err = proc.communicate()
+        if proc.returncode != 0 or not raw.exists():
+            return LineBreakdown(variant, r, 0, 0.0, [], bench.state(),
+                                 f"py-spy exited with {proc.returncode}: {err.decode(errors='replace')[-300:]}")
+        stacks = read_collapsed(raw)
+    sched_path = Path(sys.modules[type(bench.scheduler).__mro__[0].__module__].__file__)
+    if not str(sched_path).endswith("scheduler.py") or "async" in sched_path.name:
+        import vllm.v1.core.sched.scheduler as _sched_mod
+
+        sched_path = Path(_sched_mod.__file__)
+    added = patch_added_lines()
+    per_line: dict[int, int] = {}
+    for frames, n in stacks:
+        for frame in reversed(frames):  # innermost schedule() frame of this sample
+            m = _FRAME.match(frame)
+            if m and m.group("func").rsplit(".", 1)[-1] == "schedule" \
+                    and m.group("file").endswith("sched/scheduler.py") and m.group("line"):
+                line = int(m.group("line"))
+                per_line[line] = per_line.get(line, 0) + n
+                break
+    total = sum(per_line.values())
+    top = [LineCost(line, n / total, line in added, linecache.getline(str(sched_path), line).strip())
+           for line, n in sorted(per_line.items(), key=lambda kv: kv[1], reverse=True)[:top_n]] if total else []
+    patch_share = sum(n for line, n in per_line.items() if line in added) / total if total else 0.0
+    return LineBreakdown(variant, r, total, patch_share, top, bench.state())
+
+
 # =====================================================================================
 # Measuring: py-spy on the EngineCore of a real engine
 # =====================================================================================
@@ -390,11 +496,12 @@ def read_collapsed(path: Path) -> list[tuple[list[str], int]]:
 
 
 def split_frame(frame: str) -> tuple[str, str]:
-    """(function, file) of a py-spy frame ``name (file:line)``."""
+    """(function, file) of a py-spy frame ``name (file:line)``; py-spy qualifies methods
+    (``Scheduler.schedule``), the function is the last part."""
     m = _FRAME.match(frame)
     if m is None:
         return frame, ""
-    return m.group("func"), m.group("file")
+    return m.group("func").rsplit(".", 1)[-1], m.group("file")
 
 
 # Categories of the engine table: a sample belongs to each category one of its frames
@@ -851,8 +958,24 @@ def breakdown_table(b: Breakdown):
     return table
 
 
+def line_breakdown_table(b: LineBreakdown):
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=(f"py-spy, lines of schedule(): ({VARIANT_LETTERS[b.variant]}) {b.variant}, R={b.r}, "
+                         f"{b.samples_in_schedule} samples in schedule(); at lines the patch added (with their "
+                         f"callees): {100 * b.patch_share:.1f} %"))
+    for col in ("line", "share", "from", "source"):
+        table.add_column(col, justify="left" if col == "source" else "right")
+    for c in b.top:
+        table.add_row(str(c.line), f"{100 * c.share:.1f} %", "[bold]patch[/]" if c.from_patch else "upstream",
+                      escape(c.source[:90]))
+    return table
+
+
 def write_results(out_dir: Path, *, command: list[str], microbench: MicrobenchReport | None,
-                  engine: EngineReport | None, breakdowns: list[Breakdown]) -> Path:
+                  engine: EngineReport | None, breakdowns: list[Breakdown],
+                  line_breakdowns: list[LineBreakdown] = ()) -> Path:
     """profile-scheduler.json, atomically: every figure with the settings that produced it."""
     from ratebench.runner import git_commit, machine_info
 
@@ -868,6 +991,7 @@ def write_results(out_dir: Path, *, command: list[str], microbench: MicrobenchRe
         "microbench_targets": target_verdicts(microbench) if microbench is not None else [],
         "engine": engine.to_json() if engine is not None else None,
         "breakdowns": [asdict(b) for b in breakdowns],
+        "line_breakdowns": [asdict(b) for b in line_breakdowns],
     }
     path = out_dir / "profile-scheduler.json"
     atomic_write_json(path, doc)

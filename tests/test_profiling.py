@@ -1,0 +1,174 @@
+"""profile-scheduler: the microbenchmark harness, the statistics, py-spy stacks, and a
+short real engine under py-spy (e2e)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ratebench import profiling
+from ratebench.microbench import (
+    VARIANT_ALL_THROTTLED,
+    VARIANT_HALF_THROTTLED,
+    VARIANT_NEVER_REACHED,
+    VARIANT_OFF,
+    VARIANTS,
+    MicrobenchSettings,
+    VariantRounds,
+    run_microbench,
+)
+
+TINY = MicrobenchSettings(r_values=[8], active_seqs=2, streams_per_user=2, rounds=2, calls_per_round=5,
+                          warmup_calls=5)
+
+
+@pytest.fixture(scope="module")
+def tiny_results(patched_vllm, tiny_model):
+    return run_microbench(TINY, tiny_model)
+
+
+def test_microbench_measures_every_variant_with_positive_times(tiny_results):
+    assert list(tiny_results) == [8]
+    row = tiny_results[8]
+    assert list(row) == list(VARIANTS)
+    for rounds in row.values():
+        assert len(rounds.round_median_us) == TINY.rounds
+        assert all(x > 0 for x in rounds.round_median_us + rounds.round_mean_us)
+
+
+def test_variants_reach_the_states_they_are_named_for(tiny_results):
+    row = tiny_results[8]
+    # Feature off and limits never reached: the active cap is the batch, the rest waits.
+    for variant in (VARIANT_OFF, VARIANT_NEVER_REACHED):
+        assert row[variant].state["mean_scheduled_requests"] == pytest.approx(2)
+        assert row[variant].state["running"] + row[variant].state["waiting"] == 8
+    # Every user throttled: all 8 resident in running, nothing scheduled.
+    assert row[VARIANT_ALL_THROTTLED].state["running"] == 8
+    assert row[VARIANT_ALL_THROTTLED].state["mean_scheduled_requests"] == 0
+    # Half throttled: the unlimited users still fill the batch.
+    assert row[VARIANT_HALF_THROTTLED].state["mean_scheduled_requests"] == pytest.approx(2)
+
+
+def test_ratios_are_taken_against_off_in_the_same_round():
+    rounds = {
+        VARIANT_OFF: VariantRounds(VARIANT_OFF, 4, [10.0, 20.0, 10.0], [10.0, 20.0, 10.0], {}, 0),
+        VARIANT_ALL_THROTTLED: VariantRounds(VARIANT_ALL_THROTTLED, 4, [20.0, 40.0, 30.0], [20.0, 40.0, 30.0],
+                                             {}, 0),
+    }
+    settings = MicrobenchSettings(r_values=[4], rounds=3, variants=[VARIANT_OFF, VARIANT_ALL_THROTTLED])
+    report = profiling.summarize_microbench({4: rounds}, settings)
+    c = report.rows[4][VARIANT_ALL_THROTTLED]
+    assert c.ratio_to_off.median == pytest.approx(2.0)  # per round: 2, 2, 3
+    assert (c.ratio_to_off.min, c.ratio_to_off.max) == (pytest.approx(2.0), pytest.approx(3.0))
+    assert report.rows[4][VARIANT_OFF].ratio_to_off.median == pytest.approx(1.0)
+    assert c.us_per_call.median == pytest.approx(30.0)
+    # The ratio varies by 50 % between rounds: a warning, and one for too few rounds.
+    assert any("(c) all-throttled" in w for w in report.warnings)
+    assert any("rounds" in w for w in report.warnings)
+
+
+def test_microbench_json_is_written_with_its_settings(tiny_results, tmp_path):
+    report = profiling.summarize_microbench(tiny_results, TINY)
+    path = profiling.write_results(tmp_path, command=["test"], microbench=report, engine=None, breakdowns=[])
+    doc = json.loads(path.read_text())
+    assert doc["microbench"]["settings"]["rounds"] == TINY.rounds
+    row = doc["microbench"]["results"]["8"]
+    assert set(row) == set(VARIANTS)
+    assert row[VARIANT_OFF]["ratio_to_off"]["median"] == pytest.approx(1.0)
+    assert all(v["us_per_call"]["median"] > 0 and v["ratio_to_off"]["median"] > 0 for v in row.values())
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write left nothing behind
+
+
+def test_breakdown_names_the_patch_functions(patched_vllm, tiny_model):
+    b = profiling.breakdown(VARIANT_ALL_THROTTLED, 8, TINY, steps=20, model_dir=tiny_model)
+    assert b.schedule_us_per_step > 0
+    assert "_limit_output_rate_tokens" in b.patch and "_rotate_output_rate_requests" in b.patch
+    assert b.patch["_limit_output_rate_tokens"].calls >= 20  # every throttled request, every step
+
+
+def test_patch_added_lines_point_at_the_patched_scheduler(patched_vllm):
+    import linecache
+
+    import vllm.v1.core.sched.scheduler as sched
+
+    added = profiling.patch_added_lines()
+    sources = {linecache.getline(sched.__file__, n).strip() for n in added}
+    assert "self._rotate_output_rate_requests()" in sources
+    assert "def _settle_output_rate_charges(" in sources
+
+
+def test_samples_are_classified_by_the_frames_of_their_stack(tmp_path):
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "run (vllm/v1/engine/core.py:1);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:623);"
+        "Scheduler._limit_output_rate_tokens (vllm/v1/core/sched/scheduler.py:1667);"
+        "OutputRateLimiter.try_take (vllm/v1/core/sched/output_rate.py:76) 3\n"
+        "run (vllm/v1/engine/core.py:1);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:623);"
+        "Scheduler._rotate_output_rate_requests (vllm/v1/core/sched/scheduler.py:1729) 2\n"
+        "run (vllm/v1/engine/core.py:1);Scheduler.update_from_output (vllm/v1/core/sched/scheduler.py:2251) 4\n"
+        "run (vllm/v1/engine/core.py:1);execute_model (vllm/v1/worker/cpu_model_runner.py:10) 11\n"
+    )
+    counts = profiling.classify_samples(profiling.read_collapsed(raw))
+    assert counts == {"schedule": 5, "limiter": 3, "rotation": 2, "update_from_output": 4, "total": 20}
+    stacks = profiling.read_collapsed(raw)
+    profiling.write_speedscope(stacks, tmp_path / "p.speedscope.json", "t")
+    doc = json.loads((tmp_path / "p.speedscope.json").read_text())
+    assert sum(doc["profiles"][0]["weights"]) == 20
+    profiling.write_flamegraph_svg(stacks, tmp_path / "p.svg", "t")
+    assert (tmp_path / "p.svg").read_text().startswith("<svg")
+
+
+def _ptrace_skip_reason() -> str | None:
+    return profiling.ptrace_problem()
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(_ptrace_skip_reason() is not None, reason=f"py-spy cannot attach: {_ptrace_skip_reason()}")
+def test_py_spy_records_the_engine_core_of_a_real_engine(patched_vllm, tiny_model, tmp_path):
+    """One short R on the cpu-tiny engine: flame graph, speedscope, and schedule() in the samples."""
+    from ratebench.profiles import load_profile
+
+    prof = load_profile("cpu-tiny")
+    settings = profiling.EngineProfileSettings(r_values=[12], duration_s=2.0, settle_s=0.5)
+    report = profiling.record_engine(prof, settings, tmp_path, log=lambda m: None)
+    assert report.engine["engine_core_pid"] > 0
+    assert len(report.rows) == 1
+    row = report.rows[0]
+    assert row.error is None, row.error
+    assert row.samples > 0
+    assert row.shares["schedule"] > 0
+    assert (tmp_path / "engine" / row.svg).read_text().startswith("<svg")
+    json.loads((tmp_path / "engine" / row.speedscope).read_text())
+    # No engine process outlives the command.
+    assert not any(f"{report.engine['engine_core_pid']}" == p for p in os.listdir("/proc"))
+
+
+def test_r_values_default_for_cpu_tiny():
+    assert profiling.r_values_for("cpu-tiny") == [16, 64, 256, 1024]
+
+
+def test_cli_runs_the_microbenchmark_and_writes_json(patched_vllm, tiny_model, tmp_path):
+    from typer.testing import CliRunner
+
+    from ratebench.cli import app
+
+    result = CliRunner().invoke(app, ["profile-scheduler", "--no-engine", "--r", "8", "--rounds", "2",
+                                      "--calls-per-round", "3", "--active-seqs", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "profile-scheduler.json").read_text())
+    assert set(doc["microbench"]["results"]["8"]) == set(VARIANTS)
+    assert doc["engine"] is None
+
+
+def test_cli_refuses_endpoint_without_pid(tmp_path):
+    from typer.testing import CliRunner
+
+    from ratebench.cli import app
+
+    result = CliRunner().invoke(app, ["profile-scheduler", "--endpoint", "http://127.0.0.1:1", "--out",
+                                      str(tmp_path)])
+    assert result.exit_code == 2
+    assert Path(tmp_path).exists()
