@@ -59,6 +59,7 @@ class Stream:
     prompt_len: int = 10
     requests: int = 1
     start_s: float = 0.0  # after the phase starts
+    pause_s: float = 0.0  # from one request's last token to sending the next
 
 
 @dataclass
@@ -214,10 +215,15 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
         phase_requests: list[str] = []
         while True:
             now = clock()
-            for i, s in enumerate(phase.streams):
-                busy = in_flight[i] is not None and in_flight[i] not in rec.finish
-                if busy or todo[i] == 0 or now < start_ns + round(s.start_s * NS_PER_S):
+            # clients ready in the same step race: they reach the engine in random order
+            for i in rng.sample(range(len(phase.streams)), len(phase.streams)):
+                s = phase.streams[i]
+                if todo[i] == 0 or now < start_ns + round(s.start_s * NS_PER_S):
                     continue
+                if in_flight[i] is not None:
+                    done = rec.finish.get(in_flight[i])
+                    if done is None or now < done[0] + round(s.pause_s * NS_PER_S):
+                        continue
                 n_request += 1
                 client_id = f"rb-{RUN_ID}-{n_request}"
                 req_id = f"cmpl-{client_id}-0-{rng.getrandbits(32):08x}"
