@@ -32,7 +32,7 @@ from rich.console import Console
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready
+from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready, warm_up
 from ratebench.events import EventFileError, read_engine_events, write_client_records
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
@@ -277,6 +277,7 @@ class Run:
     def _ready(self, engines: list[RunningEngine], t0: float) -> None:
         wait_ready(engines, self.profile.startup_timeout_s, self.console)
         for engine in engines:
+            warm_up(engine)
             name = engine.spec.name
             entry = self.manifest["engines"][name]
             entry["ready_monotonic_ns"] = time.monotonic_ns()
