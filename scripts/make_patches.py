@@ -39,6 +39,7 @@ SERIES: dict[str, list[str]] = {
     ],
     "0005-api-refuse-beam-search.patch": [
         "vllm/entrypoints/generate/beam_search/utils.py",
+        "vllm/entrypoints/generate/beam_search/offline.py",
         "vllm/entrypoints/openai/completion/serving.py",
         "vllm/entrypoints/openai/chat_completion/serving.py",
     ],

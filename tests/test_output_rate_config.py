@@ -249,11 +249,6 @@ def test_a_rate_of_the_wrong_type_is_refused_naming_the_setting(kwargs, field):
         scheduler_config(**kwargs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="patch bug: pydantic turns True into 1 before verify_output_rate_config "
-    "(whose _is_positive_int refuses bools) sees it; the CLI refuses true",
-)
 @pytest.mark.parametrize(
     "kwargs",
     [
