@@ -520,23 +520,41 @@ def frame_categories(func: str, file: str) -> set[str]:
             cats.add("rotation")
         elif func in LIMITER_SCHEDULER_FUNCTIONS:
             cats.add("limiter")
-    if file.endswith("sched/output_rate.py"):
+    elif file.endswith("sched/output_rate.py"):
         cats.add("limiter")
+    elif "v1/executor/" in file:
+        cats.add("model_wait")
+    elif file.endswith("v1/engine/core.py") and func in IDLE_FUNCTIONS:
+        cats.add("idle")
     return cats
 
 
-ENGINE_CATEGORIES = ("schedule", "limiter", "rotation", "update_from_output")
+# The EngineCore's main thread waiting: for input (patch 0003 waits there for budget too).
+IDLE_FUNCTIONS = ("_process_input_queue", "_wait_for_output_rate_budget")
+# Frames of the EngineCore's main (busy-loop) thread; its other threads move bytes.
+MAIN_THREAD_MARKERS = ("run_engine_core", "run_busy_loop")
+ENGINE_CATEGORIES = ("schedule", "limiter", "rotation", "update_from_output", "model_wait", "idle")
 
 
-def classify_samples(stacks: Iterable[tuple[list[str], int]]) -> dict[str, int]:
-    """Samples per category, plus ``total``."""
+def is_main_thread(frames: list[str]) -> bool:
+    return any(split_frame(f)[0] in MAIN_THREAD_MARKERS for f in frames)
+
+
+def classify_samples(stacks: Iterable[tuple[list[str], int]], main_thread_only: bool = True) -> dict[str, int]:
+    """Samples per category, plus ``total``: of the EngineCore's busy-loop thread only
+    (unless ``main_thread_only`` is False). A sample whose innermost frame is the engine
+    step itself is the upstream 1 ms sleep of a step that ran no model: idle."""
     counts = dict.fromkeys(ENGINE_CATEGORIES, 0)
     total = 0
     for frames, n in stacks:
+        if main_thread_only and not is_main_thread(frames):
+            continue
         total += n
         cats: set[str] = set()
         for frame in frames:
             cats |= frame_categories(*split_frame(frame))
+        if not cats and frames and split_frame(frames[-1])[0] == "_process_engine_step":
+            cats.add("idle")
         for c in cats:
             counts[c] += n
     counts["total"] = total
@@ -657,14 +675,16 @@ async def _metrics(client, endpoint: str) -> dict[str, float]:
 
 
 async def _stream(client, endpoint: str, body: dict[str, Any]) -> None:
-    try:
-        async with client.stream("POST", f"{endpoint}/v1/completions", json=body) as resp:
-            async for _ in resp.aiter_raw():
-                pass
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # noqa: BLE001 - a stream that fails only lowers the load; the table says how many were resident
-        pass
+    """One stream, sent again each time it ends, until cancelled (R stays resident)."""
+    while True:
+        try:
+            async with client.stream("POST", f"{endpoint}/v1/completions", json=body) as resp:
+                async for _ in resp.aiter_raw():
+                    pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a failed stream lowers the load; the table says how many were resident
+            await asyncio.sleep(0.5)
 
 
 async def _record_one_r(endpoint: str, model: str, r: int, settings: EngineProfileSettings, busy: int,
@@ -699,7 +719,7 @@ async def _record_one_r(endpoint: str, model: str, r: int, settings: EngineProfi
             proc = await asyncio.create_subprocess_exec(
                 py_spy_binary(), "record", "--pid", str(engine_pid), "--duration",
                 str(max(1, round(settings.duration_s))), "--rate", str(settings.rate_hz), "--format", "raw",
-                "--function", "--output", str(raw), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                "--function", "--idle", "--output", str(raw), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             _, err = await proc.communicate()
             after = await _metrics(client, endpoint)
             rec.resident = {k: (before.get(k, 0) + after.get(k, 0)) / 2 for k in ("running", "waiting")}
@@ -743,14 +763,14 @@ class EngineReport:
 
 
 ENGINE_NOTES = [
-    "py-spy records the EngineCore process only (found by its title VLLM::EngineCore): on one device it "
-    "runs the scheduler and the model, so --subprocesses would only add the API server, which is not "
-    "the scheduler's cost",
-    "idle samples are left out (py-spy's default): a share is of the samples in which a thread of the "
-    "EngineCore was running, so waits for input, for budget (patch 0003) or in socket threads do not "
-    "dilute it",
-    "samples are aggregated by function (--function); categories overlap (the limiter runs inside "
-    "schedule)",
+    "py-spy records the EngineCore process only (found by its title VLLM::EngineCore), without "
+    "--subprocesses: it holds the scheduler; the model runs in a worker process (MultiprocExecutor), whose "
+    "time shows here as model_wait, and the API server is not the scheduler's cost",
+    "idle samples are kept (--idle) and only the EngineCore's busy-loop thread is counted: every share is "
+    "of that thread's wall time (about rate x duration samples), so schedule + model_wait + idle + the rest "
+    "add up to the step loop; its socket threads, which mostly wait, are left out",
+    "samples are aggregated by function (--function); categories overlap (the limiter and the rotation run "
+    "inside schedule)",
 ]
 
 
@@ -922,13 +942,13 @@ def microbench_table(report: MicrobenchReport):
 def engine_table(report: EngineReport):
     from rich.table import Table
 
-    table = Table(title="EngineCore under py-spy: share of (non-idle) samples")
+    table = Table(title="EngineCore busy-loop thread under py-spy: share of its samples (wall time)")
     for col in ("R", "running", "waiting", "samples", "schedule", "limiter", "rotation", "update_from_output",
-                "flame graph"):
+                "model wait", "idle", "flame graph"):
         table.add_column(col, justify="right")
     for row in report.rows:
         if row.error:
-            table.add_row(str(row.r), "", "", "", f"[red]{row.error[:60]}[/]", "", "", "", "")
+            table.add_row(str(row.r), "", "", "", f"[red]{row.error[:60]}[/]", "", "", "", "", "", "")
             continue
         table.add_row(str(row.r), f"{row.resident.get('running', 0):.0f}", f"{row.resident.get('waiting', 0):.0f}",
                       str(row.samples), *(f"{100 * row.shares[c]:.1f} %" for c in ENGINE_CATEGORIES),

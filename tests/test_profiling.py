@@ -4,7 +4,6 @@ short real engine under py-spy (e2e)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -102,21 +101,28 @@ def test_patch_added_lines_point_at_the_patched_scheduler(patched_vllm):
 
 def test_samples_are_classified_by_the_frames_of_their_stack(tmp_path):
     raw = tmp_path / "raw.txt"
+    loop = "EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:1547)"
     raw.write_text(
-        "run (vllm/v1/engine/core.py:1);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:623);"
+        f"{loop};Scheduler.schedule (vllm/v1/core/sched/scheduler.py:623);"
         "Scheduler._limit_output_rate_tokens (vllm/v1/core/sched/scheduler.py:1667);"
         "OutputRateLimiter.try_take (vllm/v1/core/sched/output_rate.py:76) 3\n"
-        "run (vllm/v1/engine/core.py:1);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:623);"
+        f"{loop};Scheduler.schedule (vllm/v1/core/sched/scheduler.py:623);"
         "Scheduler._rotate_output_rate_requests (vllm/v1/core/sched/scheduler.py:1729) 2\n"
-        "run (vllm/v1/engine/core.py:1);Scheduler.update_from_output (vllm/v1/core/sched/scheduler.py:2251) 4\n"
-        "run (vllm/v1/engine/core.py:1);execute_model (vllm/v1/worker/cpu_model_runner.py:10) 11\n"
+        f"{loop};Scheduler.update_from_output (vllm/v1/core/sched/scheduler.py:2251) 4\n"
+        f"{loop};EngineCore.step (vllm/v1/engine/core.py:657);"
+        "FutureWrapper.result (vllm/v1/executor/multiproc_executor.py:80) 11\n"
+        f"{loop};EngineCoreProc._process_input_queue (vllm/v1/engine/core.py:1573);Queue.get (queue.py:154) 6\n"
+        f"{loop};EngineCoreProc._process_engine_step (vllm/v1/engine/core.py:1603) 1\n"
+        # A socket thread: not the busy loop, left out.
+        "Thread.run (threading.py:971);EngineCoreProc.process_input_sockets (vllm/v1/engine/core.py:1846) 50\n"
     )
     counts = profiling.classify_samples(profiling.read_collapsed(raw))
-    assert counts == {"schedule": 5, "limiter": 3, "rotation": 2, "update_from_output": 4, "total": 20}
+    assert counts == {"schedule": 5, "limiter": 3, "rotation": 2, "update_from_output": 4, "model_wait": 11,
+                      "idle": 7, "total": 27}
     stacks = profiling.read_collapsed(raw)
     profiling.write_speedscope(stacks, tmp_path / "p.speedscope.json", "t")
     doc = json.loads((tmp_path / "p.speedscope.json").read_text())
-    assert sum(doc["profiles"][0]["weights"]) == 20
+    assert sum(doc["profiles"][0]["weights"]) == 77
     profiling.write_flamegraph_svg(stacks, tmp_path / "p.svg", "t")
     assert (tmp_path / "p.svg").read_text().startswith("<svg")
 
@@ -143,7 +149,7 @@ def test_py_spy_records_the_engine_core_of_a_real_engine(patched_vllm, tiny_mode
     assert (tmp_path / "engine" / row.svg).read_text().startswith("<svg")
     json.loads((tmp_path / "engine" / row.speedscope).read_text())
     # No engine process outlives the command.
-    assert not any(f"{report.engine['engine_core_pid']}" == p for p in os.listdir("/proc"))
+    assert not Path(f"/proc/{report.engine['engine_core_pid']}").exists()
 
 
 def test_r_values_default_for_cpu_tiny():
@@ -171,4 +177,4 @@ def test_cli_refuses_endpoint_without_pid(tmp_path):
     result = CliRunner().invoke(app, ["profile-scheduler", "--endpoint", "http://127.0.0.1:1", "--out",
                                       str(tmp_path)])
     assert result.exit_code == 2
-    assert Path(tmp_path).exists()
+    assert "--pid" in result.output
