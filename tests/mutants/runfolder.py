@@ -193,7 +193,7 @@ def run_workload(
     # False; the scheduler class is what decides here.
     raw.meta["async_scheduling"] = engine.is_async
     _write_events(run_dir, raw, rec, user_of_req)
-    _write_client_side(run_dir, workload, client, scen, rec, async_scheduling, clock, mutant)
+    _write_client_side(run_dir, workload, client, scen, rec, async_scheduling, mutant)
     return HarnessRun(run_dir, steps, engine)
 
 
@@ -277,7 +277,7 @@ def _write_events(run_dir: Path, raw, rec: _Recorder, user_of_req: dict[str, str
 
 
 def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], scen: list[dict], rec: _Recorder,
-                       async_scheduling: bool, clock: FakeClock, mutant: Mutant) -> None:
+                       async_scheduling: bool, mutant: Mutant) -> None:
     records = []
     for c in client:
         chunks = rec.chunks.get(c["req_id"], [])
@@ -291,8 +291,6 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
             chunk_ns=[t for t, _ in chunks], chunk_tokens=[n for _, n in chunks], completion_tokens=total,
             finish_reason=reason, http_status=200,
         ))
-    write_client_records(run_dir / "requests.jsonl", records)
-    atomic_write_json(run_dir / "scenarios.json", scen)
     (run_dir / "engines" / ENGINE / "engine.log").write_text(
         f"in-process patched scheduler (tests/sched_harness.py), limiter: {mutant.name}\n")
     engine = {
@@ -303,12 +301,20 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
         "events_file": f"engines/{ENGINE}/events.rbev", "log_file": f"engines/{ENGINE}/engine.log",
         "endpoint": None, "harness_limiter": mutant.name,
     }
+    write_run_files(run_dir, ENGINE, engine, scen, records, profile_name="sched-harness",
+                    machine={"hostname": "harness", "cpu": "fake clock", "cpus": 1, "gpu": None,
+                             "platform": "in-process"})
+
+
+def write_run_files(run_dir: Path, engine_name: str, engine: dict, scenarios: list[dict],
+                    records: list[ClientRecord], *, profile_name: str, machine: dict | None = None) -> None:
+    """scenarios.json, requests.jsonl and a manifest (state "complete") of one engine's run folder."""
+    atomic_write_json(run_dir / "scenarios.json", scenarios)
+    write_client_records(run_dir / "requests.jsonl", records)
     atomic_write_json(run_dir / "manifest.json", {
-        "ratebench_version": "0.1.0", "run_id": RUN_ID, "profile_name": "sched-harness",
-        "profile": {"name": "sched-harness"}, "state": "complete", "partial_reason": None,
-        "started_unix_s": 0.0, "ended_unix_s": 0.0, "started_monotonic_ns": scen[0]["start_ns"],
-        "ended_monotonic_ns": clock(), "git_commit": None, "python": "3", "vllm_version": "0.32.0",
-        "patch_sha256": None, "machine": {"hostname": "harness", "cpu": "fake clock", "cpus": 1, "gpu": None,
-                                          "platform": "in-process"},
-        "engines": {ENGINE: engine},
+        "ratebench_version": "0.1.0", "run_id": RUN_ID, "profile_name": profile_name,
+        "profile": {"name": profile_name}, "state": "complete", "partial_reason": None,
+        "started_unix_s": 0.0, "ended_unix_s": 0.0, "started_monotonic_ns": scenarios[0]["start_ns"],
+        "ended_monotonic_ns": scenarios[-1]["end_ns"], "git_commit": None, "python": "3", "vllm_version": "0.32.0",
+        "patch_sha256": None, "machine": machine or {}, "engines": {engine_name: engine},
     })
