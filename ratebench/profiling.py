@@ -668,7 +668,7 @@ async def _metrics(client, endpoint: str) -> dict[str, float]:
         return out
     for line in r.text.splitlines():
         for key in ("running", "waiting"):
-            if line.startswith(f"vllm:num_requests_{key}"):
+            if line.startswith((f"vllm:num_requests_{key}{{", f"vllm:num_requests_{key} ")):
                 with contextlib.suppress(ValueError):
                     out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
     return out
