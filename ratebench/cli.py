@@ -436,16 +436,20 @@ def profile_scheduler_cmd(
         try:
             engine_report = _prof.record_engine(prof, settings, out_dir, endpoint=endpoint, pid=pid,
                                                 log=lambda m: err.print(_escape(m)), console=err)
-        except Exception as exc:  # noqa: BLE001 - part 2 still runs; the reason is printed
+        except Exception as exc:  # noqa: BLE001 - part 2 still runs; the reason is printed and saved
             err.print(f"[bold red]engine part failed:[/] {_escape(str(exc))}")
             log_tail = getattr(exc, "log_tail", "")
             if log_tail:
                 err.print(_escape(log_tail.rstrip()))
-        if engine_report is not None:
-            if engine_report.rows:
-                table_out.print(_prof.engine_table(engine_report))
+            engine_report = _prof.EngineReport(settings.to_json(), {}, [], [f"engine part failed: {exc}"],
+                                               _prof.ENGINE_NOTES)
+        if engine_report is not None and engine_report.rows:
+            table_out.print(_prof.engine_table(engine_report))
             for w in engine_report.warnings:
                 err.print(f"[yellow]warning:[/] {_escape(w)}")
+        elif engine_report is not None and engine_report.warnings and not engine_report.engine \
+                and not engine_report.warnings[0].startswith("engine part failed"):
+            err.print(f"[yellow]{_escape(engine_report.warnings[0])}[/]")  # py-spy cannot attach, and the fix
 
     micro_report = None
     breakdowns = []

@@ -793,8 +793,12 @@ def _engine_spec_for(profile, r_max: int, settings: EngineProfileSettings, model
     from ratebench.runner import profile_engine_flags
 
     flags = profile_engine_flags(profile)
-    i = flags.index("--max-num-seqs")
-    flags[i + 1] = str(max(r_max, profile.engine.max_num_seqs))
+    max_num_seqs = max(r_max, profile.engine.max_num_seqs)
+    flags[flags.index("--max-num-seqs") + 1] = str(max_num_seqs)
+    # vLLM refuses --max-num-batched-tokens below --max-num-seqs.
+    if "--max-num-batched-tokens" in flags:
+        i = flags.index("--max-num-batched-tokens")
+        flags[i + 1] = str(max(int(flags[i + 1]), max_num_seqs))
     return EngineSpec(
         name="profile-scheduler", kind="patched", feature=True,
         async_scheduling=profile.scheduling[0] == "async", model=model_path,
@@ -846,8 +850,8 @@ def record_engine(profile, settings: EngineProfileSettings, out_dir: Path, *, en
     model_path = _model_path(profile)
     spec = _engine_spec_for(profile, max(settings.r_values), settings, model_path)
     with engine_lock():
-        log(f"engine: starting the patched engine of {profile.name} (--max-num-seqs {max(settings.r_values)}, "
-            f"--max-num-active-seqs {profile.engine.max_num_active_seqs}, default {settings.limit_tps} tok/s)")
+        log(f"engine: starting the patched engine of {profile.name} ({' '.join(spec.flags[:4])}, "
+            f"default {settings.limit_tps} tok/s)")
         engine = start_engine(spec, engine_dir, timeout_s=profile.startup_timeout_s, console=console,
                               grace_s=profile.shutdown_grace_s)
         try:
