@@ -146,10 +146,13 @@ def _write_profile(folder: Path, text: str, name: str = "small") -> Path:
 def small_run(tmp_path_factory, patched_vllm: str, tiny_model: Path):
     folder = tmp_path_factory.mktemp("run")
     profile = load_profile(str(_write_profile(folder, SMALL_PROFILE)))
+    from ratebench import patching
+
     with hold_engine_lock():
+        patch_hash = patching.patch_sha256()  # now: the patch may be edited while a session waits
         outcome = run_profile(profile, RunOptions(results_dir=folder / "results", verify=False, live=False),
                               console=Console(stderr=True))
-    return outcome, patched_vllm
+    return outcome, patch_hash
 
 
 def _manifest(run_dir: Path) -> dict:
