@@ -25,7 +25,7 @@ from mutants.broken import (
     RollingWindow1s,
     ThrottledCountActive,
 )
-from ratebench.analysis import delivery_ratio, load_run
+from ratebench.analysis import load_run
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
 from ratebench.verify import verify_run
 
@@ -91,7 +91,21 @@ def isolation() -> Workload:
     ], scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=4))
 
 
+def kv_isolation() -> Workload:
+    """user-b alone, then arriving 0.3 s after user-a's eight 100-token prompts fill the KV cache
+    (chunked prefill on, as vLLM's default). Not among the clean workloads: the shipped patch fails it."""
+    return Workload(default_tps=100, user_tps={"user-a": 20, "user-b": 100_000}, phases=[
+        Phase("baseline", [Stream("user-b", 50, prompt_len=32)], role="baseline", scenario="isolation",
+              kind="isolation"),
+        Phase("shared", [Stream("user-a", 20, prompt_len=100) for _ in range(8)]
+              + [Stream("user-b", 50, prompt_len=32, start_s=0.3)],
+              backlogged={"user-a"}, role="shared", scenario="isolation", kind="isolation"),
+    ], scheduler_kw=dict(num_blocks=58, block_size=16, max_num_seqs=16))
+
+
+# the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation)}
+ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation}
 
 
 # ---- running and judging --------------------------------------------------------------------------
@@ -108,7 +122,7 @@ def judged(tmp_path_factory):
         if key not in cache:
             name = mutant.name if mutant else "correct"
             run_dir = tmp_path_factory.mktemp(f"{workload}-{name}") / "run"
-            run = run_workload(run_dir, WORKLOADS[workload](), mutant=mutant() if mutant else None,
+            run = run_workload(run_dir, ALL_WORKLOADS[workload](), mutant=mutant() if mutant else None,
                                async_scheduling=async_scheduling, step_s=step_s, step_jitter=step_jitter,
                                seed=seed)
             cache[key] = (run.run_dir, verify_run(run.run_dir, plots=False))
@@ -214,37 +228,37 @@ def test_no_refund_under_kv_pressure_under_delivers(judged, async_scheduling):
     assert counted.passed and CountRefunds.refunds >= 50
 
 
-def _dispatches_without_tokens(run_dir) -> tuple[int, float | None]:
-    """Charges beyond the tokens emitted, and user-a's delivery measured on emitted tokens."""
-    run = load_run(run_dir)
-    trace = run.traces["patched-sched"]
-    recs = trace.records
-    dispatched = np.count_nonzero(recs["kind"] == KIND_DISPATCH)
-    emits = recs[recs["kind"] == KIND_EMIT]
-    emitted = int(emits["count"].sum())
-    return dispatched - emitted, delivery_ratio(emits["t_ns"], 20, emits["count"])
+def _dispatches_without_tokens(run_dir) -> int:
+    """Charges (dispatch events) beyond the tokens the engine emitted, over the whole run."""
+    recs = load_run(run_dir).traces["patched-sched"].records
+    return int(np.count_nonzero(recs["kind"] == KIND_DISPATCH) - recs["count"][recs["kind"] == KIND_EMIT].sum())
 
 
 @SYNC_AND_ASYNC
-def test_charging_every_prefill_chunk_spends_the_budget_on_prompts(judged, async_scheduling):
-    """What the mutant does, in the run folder's own figures (the verifier does not reject it yet:
-    see the xfail test below)."""
-    run_dir, _ = judged("long_prompts", ChargeEveryPrefillChunk, async_scheduling=async_scheduling)
-    extra, emit_delivery = _dispatches_without_tokens(run_dir)
-    assert extra == 4 * 9  # nine middle chunks of each of four prompts, charged, sampled nothing
-    assert emit_delivery < 0.8  # user-a receives 15 tok/s of its 20
+def test_charging_every_prefill_chunk_is_caught_by_stream_fairness_only(judged, async_scheduling):
+    """Eight charged middle chunks per prompt: 32 dispatch events that emit nothing, and first tokens
+    1.6 s of budget later. Only stream-fairness fails (it counts dispatch events per stream, and the
+    chunk charges land on the streams still in prefill); delivery is measured on dispatch events,
+    which count the wasted charges, and the rates from the first token do not see the late start."""
+    run_dir, verdict = judged("long_prompts", ChargeEveryPrefillChunk, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("stream-fairness", "long-prompt", "user-a")}, only={"stream-fairness"})
+    assert _dispatches_without_tokens(run_dir) == 4 * 8
+    assert check(verdict, "delivery", "long-prompt", "user-a").passed
+    # the engine-step estimate pairs the k-th emit of a request with its k-th dispatch, so early extra
+    # charges inflate it, and the emit bound's tolerance with it
+    assert verdict.engine_steps["patched-sched"].longest_ns > 1_000_000_000
     correct_dir, correct = judged("long_prompts", async_scheduling=async_scheduling)
     assert correct.passed, correct.summary()
-    extra, emit_delivery = _dispatches_without_tokens(correct_dir)
-    assert extra == 0 and emit_delivery >= 0.97
+    assert _dispatches_without_tokens(correct_dir) == 0
+    assert correct.engine_steps["patched-sched"].longest_ns == 5_000_000
 
 
 @pytest.mark.xfail(strict=True, reason="no check compares a request's dispatch events with the tokens it was "
-                   "emitted, and delivery is measured on dispatch events, which count the wasted charges")
+                   "emitted (charges that sample nothing), nor a user's first-token delay")
 @SYNC_AND_ASYNC
-def test_charging_every_prefill_chunk_is_rejected(judged, async_scheduling):
+def test_charging_every_prefill_chunk_is_named_by_a_charge_check(judged, async_scheduling):
     _, verdict = judged("long_prompts", ChargeEveryPrefillChunk, async_scheduling=async_scheduling)
-    assert not verdict.passed
+    assert {c.name for c in verdict.failures} - {"stream-fairness"}
 
 
 @SYNC_AND_ASYNC
@@ -301,4 +315,28 @@ def test_the_shipped_limiter_passes_every_workload(judged, workload, async_sched
     30 clean runs, every check passes."""
     _, verdict = judged(workload, async_scheduling=async_scheduling, step_s=step_s, step_jitter=step_jitter,
                         seed=seed)
+    assert verdict.passed, verdict.summary()
+
+
+# ---- what the shipped patch does not keep yet (found with these fixtures) ----------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="patch: with chunked prefill a throttled user's queued requests are "
+                   "admitted one token short and keep their KV blocks in running; a neighbour's new request that "
+                   "needs those blocks waits (the waiting loop never preempts), here 7 ms -> 7 s to its first "
+                   "token; verify-bound's isolation checks (rate, p99 gap from the first token) do not see it")
+def test_a_throttled_neighbour_does_not_delay_another_users_first_token(judged):
+    run_dir, _ = judged("kv_isolation")
+    from ratebench.events import read_client_records
+
+    ttft = {r.phase: r.first_token_ns - r.sent_ns for r in read_client_records(run_dir / "requests.jsonl")
+            if r.user == "user-b"}
+    assert ttft["shared"] <= ttft["baseline"] + 100_000_000
+
+
+@pytest.mark.xfail(strict=True, reason="patch: under KV pressure the throttled user's stream preempted at 5.15 s "
+                   "waits in the queue for KV while its seven siblings keep theirs and the whole budget; it gets "
+                   "no token for 2.1 s (stream-fairness: spread 6)")
+def test_a_throttled_users_streams_keep_turns_under_kv_pressure(judged):
+    _, verdict = judged("kv_isolation")
     assert verdict.passed, verdict.summary()

@@ -80,45 +80,67 @@ class RollingWindow1s(Mutant):
 
 
 class NoRefund(Mutant):
-    """Charges of requests that were not scheduled (KV allocation failed, preempted) are never given back."""
+    """Charges of requests that were not scheduled (KV allocation failed, preempted) are never given back.
+
+    The scheduler refunds at one point only (the end of ``schedule()``), so a
+    limiter whose ``refund`` does nothing is exactly that bug, whatever the
+    scheduler's internals.
+    """
 
     name = "no-refund"
 
     def apply(self, scheduler) -> None:
-        def settle_without_refund(charged, num_scheduled_tokens, now_ns):
-            events = scheduler.output_rate_events
-            for request_id, request in charged.items():
-                if request_id in num_scheduled_tokens:
-                    scheduler._output_rate_last_served[(request.output_rate_user, request.priority)] = request
-                    if events is not None:
-                        events.dispatch(now_ns, request_id, request.output_rate_user)
-
-        scheduler._settle_output_rate_charges = settle_without_refund
+        scheduler.output_rate_limiter.refund = lambda user: None
 
 
 class ChargeEveryPrefillChunk(Mutant):
-    """Every prefill chunk is charged, the middle ones too (they sample nothing).
+    """Middle prefill chunks (they sample nothing) are charged like sampling steps, and wait when refused.
 
-    A refused middle chunk waits (gets no tokens this step); the last chunk and
-    decode steps behave as shipped.
+    Applied around ``schedule()``, so it does not depend on where the scheduler
+    makes its own charges: before each step, every running request whose next
+    chunk cannot finish its prompt (more tokens left than the step's token
+    budget) is charged; a refused one sits this step out (hidden from
+    ``running`` while the scheduler runs). After the step, a charge is recorded
+    as a dispatch event if the chunk ran, and refunded if it did not. (The
+    first chunk, scheduled from the waiting queue, stays free.)
     """
 
     name = "charge-every-chunk"
 
     def apply(self, scheduler) -> None:
-        shipped = scheduler._limit_output_rate_tokens
+        shipped = scheduler.schedule
+        limiter = scheduler.output_rate_limiter
 
-        def limit_every_chunk(request, num_computed_tokens, num_new_tokens, now_ns, charged, refused_users):
-            if num_computed_tokens + num_new_tokens >= request.num_tokens or request.request_id in charged:
-                return shipped(request, num_computed_tokens, num_new_tokens, now_ns, charged, refused_users)
-            user = request.output_rate_user
-            if user not in refused_users and scheduler.output_rate_limiter.try_take(user, now_ns):
-                charged[request.request_id] = request
-                return num_new_tokens
-            refused_users.add(user)
-            return 0
+        def schedule_charging_every_chunk():
+            now_ns = limiter.clock_ns()
+            charged, refused_users, hidden = [], set(), []
+            for index, request in enumerate(scheduler.running):
+                middle = (request.num_computed_tokens < request.num_prompt_tokens
+                          and request.num_tokens - request.num_computed_tokens > scheduler.max_num_scheduled_tokens)
+                if not middle:
+                    continue
+                user = request.output_rate_user
+                if user not in refused_users and limiter.try_take(user, now_ns):
+                    charged.append(request)
+                else:
+                    refused_users.add(user)
+                    hidden.append((index, request))
+            for _, request in hidden:
+                scheduler.running.remove(request)
+            try:
+                out = shipped()
+            finally:
+                for index, request in hidden:
+                    scheduler.running.insert(min(index, len(scheduler.running)), request)
+            for request in charged:
+                if request.request_id in out.num_scheduled_tokens:
+                    if scheduler.output_rate_events is not None:
+                        scheduler.output_rate_events.dispatch(now_ns, request.request_id, request.output_rate_user)
+                else:
+                    limiter.refund(request.output_rate_user)
+            return out
 
-        scheduler._limit_output_rate_tokens = limit_every_chunk
+        scheduler.schedule = schedule_charging_every_chunk
 
 
 class ThrottledCountActive(Mutant):
