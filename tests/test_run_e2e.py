@@ -1,6 +1,6 @@
 """`ratebench run` end to end on real CPU engines, with a small, fast profile.
 
-One run of every scenario kind (sync and async, feature off, stock vLLM) is shared
+One run of every scenario kind (feature on, feature off, stock vLLM) is shared
 by the tests of this module; a killed run and an engine that cannot start have
 their own. No assertion depends on timing: rates and the bound are the verifier's
 business (tests/test_analysis_*); here we check what was sent, recorded and
@@ -40,10 +40,12 @@ SMALL_PROFILE = """
 [profile]
 description = "test: every scenario kind, small and fast"
 device = "cpu"
-scheduling = ["sync", "async"]
+# Sync only: vLLM's CPU platform turns --async-scheduling off anyway (the flag itself
+# is checked in tests/test_engine.py), and every engine costs a minute to start here.
+scheduling = ["sync"]
 startup_timeout_s = 300
 shutdown_grace_s = 15
-max_engines = 4
+max_engines = 3
 
 [model]
 source = "tiny"
@@ -69,7 +71,6 @@ bulk = 1000000
 
 [[scenarios]]
 kind = "seed-experiment"
-scheduling = ["sync", "async"]
 user = "user-a"
 neighbour = "user-b"
 streams = [1, 2]
@@ -190,7 +191,7 @@ def test_run_completes_and_writes_the_run_folder(small_run) -> None:
     assert len(stamp) == len("20260101T000000Z") and stamp.endswith("Z") and len(run_id) == 8
     for name in ("manifest.json", "scenarios.json", "requests.jsonl"):
         assert (run_dir / name).is_file()
-    engines = {"patched-sync", "patched-async", "feature-off-sync", "stock-sync"}
+    engines = {"patched-sync", "feature-off-sync", "stock-sync"}
     assert {p.name for p in (run_dir / "engines").iterdir()} == engines
     for name in engines:
         assert (run_dir / "engines" / name / "engine.log").stat().st_size > 0
@@ -215,7 +216,6 @@ def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
     assert e["stock-sync"]["stock_overlay"] and not e["patched-sync"]["stock_overlay"]
     assert (e["feature-off-sync"]["kind"], e["feature-off-sync"]["feature"]) == ("patched", False)
     assert e["patched-sync"]["feature"] and e["patched-sync"]["default_tps"] == 200
-    assert e["patched-async"]["async_scheduling"] and "--async-scheduling" in e["patched-async"]["flags"]
     assert "--default-user-output-tokens-per-second" in e["patched-sync"]["flags"]
     assert not any("output-tokens-per-second" in f for f in e["stock-sync"]["flags"])
     # Same engine flags for the three overhead engines, apart from the limiter's.
@@ -239,8 +239,7 @@ def test_every_scenario_kind_ran_with_its_phases_and_roles(small_run) -> None:
     phases = json.loads((outcome.run_dir / "scenarios.json").read_text())
     assert {p["kind"] for p in phases} == set(SCENARIO_KINDS)
     seed = [(p["phase"], p["engine"]) for p in phases if p["kind"] == "seed-experiment"]
-    assert seed == [("1-stream", "patched-sync"), ("2-streams", "patched-sync"),
-                    ("1-stream", "patched-async"), ("2-streams", "patched-async")]
+    assert seed == [("1-stream", "patched-sync"), ("2-streams", "patched-sync")]
     roles = collections.Counter((p["kind"], p["role"]) for p in phases)
     assert roles[("isolation", "baseline")] == 1 and roles[("isolation", "shared")] == 1
     assert {r for (k, r) in roles if k == "overhead"} == {"feature-on", "feature-off", "stock"}
