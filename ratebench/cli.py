@@ -222,7 +222,11 @@ def run_cmd(
     unpatched: _Annotated[bool, typer.Option(
         "--unpatched", hidden=True, help="development: stock vLLM, limiter flags left out")] = False,
 ) -> None:
-    """Launch the engines of a profile, run every scenario, and print the verdict."""
+    """Launch the engines of a profile, run every scenario, and print the verdict.
+
+    Exit 0: the run passed (or --no-verify); 1: a check failed; 2: the profile is
+    invalid (nothing launched); 3: the run failed (engine, patch, model); 130: interrupted.
+    """
     from ratebench import runner as _runner
 
     err = _Console(stderr=True, soft_wrap=True, highlight=False)
