@@ -481,10 +481,10 @@ def profile_scheduler_cmd(
             table_out.print(_prof.breakdown_table(b))
             lb = _prof.line_breakdown(variant, breakdown_r, ms)
             line_breakdowns.append(lb)
+            if lb.top:
+                table_out.print(_prof.line_breakdown_table(lb))
             if lb.error:
                 err.print(f"[yellow]warning:[/] line breakdown of {variant}: {_escape(lb.error)}")
-            else:
-                table_out.print(_prof.line_breakdown_table(lb))
     path = _prof.write_results(out_dir, command=list(_sys.argv), microbench=micro_report, engine=engine_report,
                                breakdowns=breakdowns, line_breakdowns=line_breakdowns)
     err.print(f"wrote {path}")

@@ -323,7 +323,46 @@ def run_microbench(settings: MicrobenchSettings, model_dir: Path | None = None,
 
         model_dir = ensure_tiny_model()
     quiet_vllm_logs()
+    scheduler_source()
     return {r: measure_r(r, settings, model_dir, on_round) for r in settings.r_values}
+
+
+@dataclass
+class SchedulerSource:
+    """The scheduler module this process imported: its path, text and sha256 (the patch
+    may be re-applied while a benchmark runs; the figures belong to this text)."""
+
+    path: str
+    text: str
+    sha256: str
+
+    def changed_on_disk(self) -> bool:
+        import hashlib
+
+        try:
+            return hashlib.sha256(Path(self.path).read_bytes()).hexdigest() != self.sha256
+        except OSError:
+            return True
+
+    def line(self, number: int) -> str:
+        lines = self.text.splitlines()
+        return lines[number - 1] if 0 < number <= len(lines) else ""
+
+
+_source: SchedulerSource | None = None
+
+
+def scheduler_source() -> SchedulerSource:
+    """Read once, at the first call (call it before building schedulers)."""
+    global _source
+    if _source is None:
+        import hashlib
+
+        import vllm.v1.core.sched.scheduler as sched
+
+        data = Path(sched.__file__).read_bytes()
+        _source = SchedulerSource(sched.__file__, data.decode(errors="replace"), hashlib.sha256(data).hexdigest())
+    return _source
 
 
 def quiet_vllm_logs() -> None:

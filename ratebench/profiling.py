@@ -48,6 +48,7 @@ from ratebench.microbench import (
     VariantRounds,
     quiet_vllm_logs,
     run_microbench,
+    scheduler_source,
     warmup_calls_for,
 )
 
@@ -163,6 +164,10 @@ def summarize_microbench(results: dict[int, dict[str, VariantRounds]],
                     f"(IQR/median) between rounds; the machine was busy, take it as rough "
                     f"(more --rounds, a quieter machine)")
         rows[r] = row
+    source = scheduler_source()
+    if source.changed_on_disk():
+        warnings.append(f"{source.path} changed on disk during the measurement (patch re-applied?): the figures "
+                        f"are those of the text imported at the start (sha256 {source.sha256[:16]}); rerun")
     if settings.rounds < 5:
         warnings.append(f"only {settings.rounds} rounds: the spread is not meaningful below 5")
     return MicrobenchReport(settings=settings.to_json(), rows=rows, warnings=warnings, targets=TARGETS)
@@ -194,18 +199,10 @@ def target_verdicts(report: MicrobenchReport) -> list[str]:
 # Measuring: cProfile breakdown of schedule() in one microbenchmark variant
 # =====================================================================================
 
-# The patch's code, by where it lives; the rest of schedule() is upstream vLLM.
-PATCH_FUNCTIONS = {
-    "_rotate_output_rate_requests": "rotation",
-    "_limit_output_rate_tokens": "charge (limit)",
-    "_settle_output_rate_charges": "settle",
-    "_output_rate_victim": "throttled victim",
-    "try_take": "GCRA try_take",
-    "ready_at_ns": "GCRA ready_at_ns",
-    "refund": "GCRA refund",
-    "on_step": "GCRA on_step (idle clean-up)",
-    "cleanup_idle_users": "GCRA clean-up",
-}
+# The patch's code: every function of output_rate.py and every scheduler method with
+# "output_rate" in its name (the patch names its code so; the names change as it does).
+def is_patch_function(name: str, file: str) -> bool:
+    return file.endswith("output_rate.py") or ("output_rate" in name and file.endswith("scheduler.py"))
 
 
 @dataclass
@@ -222,7 +219,7 @@ class Breakdown:
     r: int
     steps: int
     schedule_us_per_step: float  # under cProfile (inflated by it; compare shares, not absolutes)
-    patch: dict[str, FunctionCost]  # PATCH_FUNCTIONS name -> cost
+    patch: dict[str, FunctionCost]  # the patch's functions (is_patch_function) by name
     top: list[FunctionCost]  # by tottime
     state: dict[str, Any]
     notes: list[str] = field(default_factory=list)
@@ -270,7 +267,7 @@ def breakdown(variant: str, r: int, settings: MicrobenchSettings, steps: int = 3
         rows.append(cost)
         if name == "schedule" and file.endswith(os.path.join("sched", "scheduler.py")):
             total_us = cost.cumtime_us_per_step
-        if name in PATCH_FUNCTIONS and ("output_rate" in file or file.endswith("scheduler.py")):
+        if is_patch_function(name, file):
             patch[name] = cost
     rows.sort(key=lambda c: c.tottime_us_per_step, reverse=True)
     notes = ["cProfile slows small functions more than large ones: read shares and call counts, "
@@ -288,14 +285,14 @@ def _short_path(file: str) -> str:
 SCHEDULER_FILE = "vllm/v1/core/sched/scheduler.py"
 
 
-def patch_added_lines(target: str = SCHEDULER_FILE, patch_dir: Path | None = None) -> set[int]:
-    """Line numbers, in the patched file, of the lines the patch series adds to ``target``."""
+def patch_added_lines(target: str = SCHEDULER_FILE, patch_dir: Path | None = None) -> dict[int, str]:
+    """The lines the patch series adds to ``target``: line number in the patched file -> text."""
     from ratebench import patching
 
     patch_dir = Path(patch_dir) if patch_dir is not None else patching.DEFAULT_PATCH_DIR
     names = [ln.strip() for ln in (patch_dir / "series").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
-    added: set[int] = set()
+    added: dict[int, str] = {}
     for name in names:
         in_target, new_line = False, 0
         for line in (patch_dir / name).read_text().splitlines():
@@ -310,7 +307,7 @@ def patch_added_lines(target: str = SCHEDULER_FILE, patch_dir: Path | None = Non
             if m:
                 new_line = int(m.group(1))
             elif line.startswith("+"):
-                added.add(new_line)
+                added[new_line] = line[1:]
                 new_line += 1
             elif line.startswith(" ") or line == "":
                 new_line += 1
@@ -341,8 +338,7 @@ def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_
     """py-spy on this process while it steps one microbenchmark variant: each sample inside
     ``schedule()`` goes to the line of schedule() it was on (a call site holds its callee's
     time), marked as added by the patch or upstream vLLM's."""
-    import linecache
-
+    source = scheduler_source()
     if model_dir is None:
         from ratebench.tinymodel import ensure_tiny_model
 
@@ -369,11 +365,6 @@ def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_
             return LineBreakdown(variant, r, 0, 0.0, [], bench.state(),
                                  f"py-spy exited with {proc.returncode}: {err.decode(errors='replace')[-300:]}")
         stacks = read_collapsed(raw)
-    sched_path = Path(sys.modules[type(bench.scheduler).__mro__[0].__module__].__file__)
-    if not str(sched_path).endswith("scheduler.py") or "async" in sched_path.name:
-        import vllm.v1.core.sched.scheduler as _sched_mod
-
-        sched_path = Path(_sched_mod.__file__)
     added = patch_added_lines()
     per_line: dict[int, int] = {}
     for frames, n in stacks:
@@ -385,10 +376,14 @@ def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_
                 per_line[line] = per_line.get(line, 0) + n
                 break
     total = sum(per_line.values())
-    top = [LineCost(line, n / total, line in added, linecache.getline(str(sched_path), line).strip())
+    top = [LineCost(line, n / total, line in added, source.line(line).strip())
            for line, n in sorted(per_line.items(), key=lambda kv: kv[1], reverse=True)[:top_n]] if total else []
     patch_share = sum(n for line, n in per_line.items() if line in added) / total if total else 0.0
-    return LineBreakdown(variant, r, total, patch_share, top, bench.state())
+    error = None
+    if source.changed_on_disk():
+        error = ("the patched scheduler.py changed on disk since this process imported it: the lines are those "
+                 "of the imported text, the patch/upstream marks come from the patch files now; rerun")
+    return LineBreakdown(variant, r, total, patch_share, top, bench.state(), error)
 
 
 # =====================================================================================
@@ -505,8 +500,9 @@ def split_frame(frame: str) -> tuple[str, str]:
 
 
 # Categories of the engine table: a sample belongs to each category one of its frames
-# belongs to (not exclusive: the limiter runs inside schedule()).
-LIMITER_SCHEDULER_FUNCTIONS = ("_limit_output_rate_tokens", "_settle_output_rate_charges", "_output_rate_victim")
+# belongs to (not exclusive: the limiter runs inside schedule()). The limiter: the
+# functions of output_rate.py and the scheduler's methods named *output_rate* (e.g.
+# _limit_output_rate_tokens, _settle_output_rate_charges), except the rotation.
 
 
 def frame_categories(func: str, file: str) -> set[str]:
@@ -518,7 +514,7 @@ def frame_categories(func: str, file: str) -> set[str]:
             cats.add("update_from_output")
         elif func == "_rotate_output_rate_requests":
             cats.add("rotation")
-        elif func in LIMITER_SCHEDULER_FUNCTIONS:
+        elif "output_rate" in func:
             cats.add("limiter")
     elif file.endswith("sched/output_rate.py"):
         cats.add("limiter")
@@ -969,11 +965,8 @@ def breakdown_table(b: Breakdown):
     for col in ("function", "calls/step", "self us/step", "total us/step", "total share of schedule()"):
         table.add_column(col, justify="left" if col == "function" else "right")
     total = b.schedule_us_per_step or 1.0
-    for name, label in PATCH_FUNCTIONS.items():
-        c = b.patch.get(name)
-        if c is None:
-            continue
-        table.add_row(f"[bold]{label}[/] {c.function}", f"{c.calls / b.steps:.1f}", f"{c.tottime_us_per_step:.1f}",
+    for c in sorted(b.patch.values(), key=lambda c: c.cumtime_us_per_step, reverse=True):
+        table.add_row(f"[bold]patch[/] {c.function}", f"{c.calls / b.steps:.1f}", f"{c.tottime_us_per_step:.1f}",
                       f"{c.cumtime_us_per_step:.1f}", f"{100 * c.cumtime_us_per_step / total:.1f} %")
     table.add_section()
     for c in b.top:
@@ -1011,6 +1004,7 @@ def write_results(out_dir: Path, *, command: list[str], microbench: MicrobenchRe
         "machine": machine_info(),
         "vllm_version": _vllm_version(),
         "patch_sha256": _patch_sha(),
+        "scheduler_py_sha256": scheduler_source().sha256,  # the text the figures were measured with
         "microbench": microbench.to_json() if microbench is not None else None,
         "microbench_targets": target_verdicts(microbench) if microbench is not None else [],
         "engine": engine.to_json() if engine is not None else None,

