@@ -354,9 +354,8 @@ def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_
 
     with tempfile.TemporaryDirectory(prefix="ratebench-lines-") as tmp:
         raw = Path(tmp) / "raw.txt"
-        proc = subprocess.Popen([py_spy_binary(), "record", "--pid", str(os.getpid()), "--duration",
-                                 str(max(1, round(duration_s))), "--rate", str(rate_hz), "--format", "raw",
-                                 "--output", str(raw)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(py_spy_command(os.getpid(), raw, duration_s, rate_hz, by_function=False, idle=False),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         while proc.poll() is None:
             for _ in range(10):
                 bench.step()
@@ -464,13 +463,17 @@ class PySpyRecording:
     error: str | None = None
 
 
-def py_spy_record(pid: int, raw_path: Path, duration_s: float, rate_hz: int) -> subprocess.CompletedProcess:
-    """Collapsed stacks (``--format raw``) of one process, by function (``--function``);
-    idle samples left out (py-spy's default), no subprocesses (the EngineCore runs the
-    scheduler and, on one device, the model in its own process)."""
+def py_spy_command(pid: int, raw_path: Path, duration_s: float, rate_hz: int, *, by_function: bool = True,
+                   idle: bool = True) -> list[str]:
+    """``py-spy record`` of one process into collapsed stacks (``--format raw``), no
+    subprocesses; by function (``--function``) or by line; idle samples kept (``--idle``)."""
     cmd = [py_spy_binary(), "record", "--pid", str(pid), "--duration", str(max(1, round(duration_s))),
-           "--rate", str(rate_hz), "--format", "raw", "--function", "--output", str(raw_path)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 60)
+           "--rate", str(rate_hz), "--format", "raw", "--output", str(raw_path)]
+    if by_function:
+        cmd.append("--function")
+    if idle:
+        cmd.append("--idle")
+    return cmd
 
 
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -713,9 +716,8 @@ async def _record_one_r(endpoint: str, model: str, r: int, settings: EngineProfi
                 f"default rate, {min(busy, r)} unlimited); recording {settings.duration_s:.0f} s")
             before = await _metrics(client, endpoint)
             proc = await asyncio.create_subprocess_exec(
-                py_spy_binary(), "record", "--pid", str(engine_pid), "--duration",
-                str(max(1, round(settings.duration_s))), "--rate", str(settings.rate_hz), "--format", "raw",
-                "--function", "--idle", "--output", str(raw), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+                *py_spy_command(engine_pid, raw, settings.duration_s, settings.rate_hz),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             _, err = await proc.communicate()
             after = await _metrics(client, endpoint)
             rec.resident = {k: (before.get(k, 0) + after.get(k, 0)) / 2 for k in ("running", "waiting")}
