@@ -394,14 +394,15 @@ def profile_scheduler_cmd(
         True),
     microbench_part: _PAnnotated[bool, typer.Option(
         "--microbench/--no-microbench", help="part 2: the in-process schedule() microbenchmark")] = True,
-    rounds: _PAnnotated[int, typer.Option("--rounds", help="microbenchmark rounds (a, b, c, d each)")] = 15,
+    rounds: _PAnnotated[int, typer.Option("--rounds", help="microbenchmark rounds (a, b, c, d each)")] = 20,
     calls_per_round: _PAnnotated[int, typer.Option("--calls-per-round", help="schedule() calls per variant "
-                                                                              "per round")] = 100,
+                                                                              "per round")] = 50,
     active_seqs: _PAnnotated[int | None, typer.Option(
         "--active-seqs", help="microbenchmark --max-num-active-seqs (default: the profile's)")] = None,
     streams_per_user: _PAnnotated[int, typer.Option("--streams-per-user", help="R / users")] = 4,
     breakdown_r: _PAnnotated[int | None, typer.Option(
-        "--breakdown", help="also cProfile schedule() in (b), (c), (d) at this R and print where the time goes")] = (
+        "--breakdown", help="also profile schedule() in (b), (c), (d) at this R (cProfile by function, "
+                                    "py-spy by line, patch vs upstream) and print where the time goes")] = (
         None),
     out: _PAnnotated[_PPath | None, typer.Option(
         "--out", help="output folder (default: results/profile-scheduler/<UTC>-<id>/)")] = None,

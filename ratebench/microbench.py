@@ -55,8 +55,8 @@ class MicrobenchSettings:
     r_values: list[int] = field(default_factory=lambda: [16, 64, 256, 1024])
     active_seqs: int = 4  # --max-num-active-seqs
     streams_per_user: int = 4  # U = ceil(R / streams_per_user)
-    rounds: int = 15
-    calls_per_round: int = 100
+    rounds: int = 20
+    calls_per_round: int = 50
     warmup_calls: int = 200
     prompt_tokens: int = 16
     max_tokens: int = 256
