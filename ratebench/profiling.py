@@ -845,6 +845,7 @@ def record_engine(profile, settings: EngineProfileSettings, out_dir: Path, *, en
 
     from ratebench.engine import start_engine
 
+    scheduler_source()  # the text the engine is about to import (recorded in the JSON)
     model_path = _model_path(profile)
     spec = _engine_spec_for(profile, max(settings.r_values), settings, model_path)
     with engine_lock():
