@@ -232,6 +232,7 @@ def breakdown(variant: str, r: int, settings: MicrobenchSettings, steps: int = 3
     import cProfile
     import pstats
 
+    scheduler_source()  # before the first scheduler is built: the text these figures belong to
     if model_dir is None:
         from ratebench.tinymodel import ensure_tiny_model
 
@@ -270,8 +271,9 @@ def breakdown(variant: str, r: int, settings: MicrobenchSettings, steps: int = 3
         if is_patch_function(name, file):
             patch[name] = cost
     rows.sort(key=lambda c: c.tottime_us_per_step, reverse=True)
-    notes = ["cProfile slows small functions more than large ones: read shares and call counts, "
-             "and take absolute times from the microbenchmark"]
+    notes = ["cProfile slows calls, not loops: it inflates code that makes many small calls (request "
+             "properties) and under-weights plain loops (the rotation); read call counts here, shares from "
+             "the py-spy line breakdown, absolute times from the microbenchmark"]
     return Breakdown(variant, r, steps, total_us, patch, rows[:top_n], bench.state(), notes)
 
 
