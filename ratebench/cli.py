@@ -267,19 +267,25 @@ _EXIT_VERIFY_UNUSABLE = 2
 
 
 def _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
-                stream_spread_max, jain_min, emit_tolerance_ms):
+                stream_spread_max, jain_min, emit_tolerance_ms, isolation_ttft_factor=2.0,
+                isolation_ttft_slack_ms=50.0):
     from ratebench.analysis import Thresholds
 
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
                       max_overhead=max_overhead, cancel_max_steps=cancel_max_steps,
                       stream_spread_max=stream_spread_max, jain_min=jain_min,
-                      emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6))
+                      emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6),
+                      isolation_ttft_factor=isolation_ttft_factor,
+                      isolation_ttft_slack_ns=round(isolation_ttft_slack_ms * 1e6))
 
 
 _OPT_DELIVERY = typer.Option("--delivery-min", help="backlogged user's steady rate, at least this x its limit")
 _OPT_ISOLATION = typer.Option("--isolation-min", help="unthrottled user's rate beside a throttled one, x alone")
 _OPT_ISO_GAP = typer.Option("--isolation-gap-max", help="its p99 gap beside a throttled one, at most x alone "
                                                          "(default: report only)")
+_OPT_ISO_TTFT = typer.Option("--isolation-ttft-factor", help="its p50 time to first token beside a throttled one, "
+                                                                "at most this x alone + --isolation-ttft-slack-ms")
+_OPT_ISO_TTFT_SLACK = typer.Option("--isolation-ttft-slack-ms", help="added to the allowed p50 time to first token")
 _OPT_OVERHEAD = typer.Option("--max-overhead", help="fail when 1 - throughput(feature-on)/throughput(off or stock) "
                                                      "exceeds this (default: report only)")
 _OPT_CANCEL = typer.Option("--cancel-max-steps", help="emit events of a cancelled request after the cancel")
@@ -295,6 +301,8 @@ def verify_bound_cmd(
     delivery_min: _VAnnotated[float, _OPT_DELIVERY] = 0.97,
     isolation_min: _VAnnotated[float, _OPT_ISOLATION] = 0.9,
     isolation_gap_max: _VAnnotated[float | None, _OPT_ISO_GAP] = None,
+    isolation_ttft_factor: _VAnnotated[float, _OPT_ISO_TTFT] = 2.0,
+    isolation_ttft_slack_ms: _VAnnotated[float, _OPT_ISO_TTFT_SLACK] = 50.0,
     max_overhead: _VAnnotated[float | None, _OPT_OVERHEAD] = None,
     cancel_max_steps: _VAnnotated[int, _OPT_CANCEL] = 1,
     stream_spread_max: _VAnnotated[int, _OPT_SPREAD] = 2,
@@ -315,7 +323,7 @@ def verify_bound_cmd(
 
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     th = _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
-                     stream_spread_max, jain_min, emit_tolerance_ms)
+                     stream_spread_max, jain_min, emit_tolerance_ms, isolation_ttft_factor, isolation_ttft_slack_ms)
     try:
         result = analyse_run(run_dir, th)
     except RunFolderError as exc:

@@ -74,6 +74,9 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                                 bad[0].problem if bad else
                                 f"{len(cancelled)} cancelled: engine stopped, at most {worst} step(s) after the "
                                 f"cancel, {charged} tokens charged{lat_text}"))
+        # 6. every charge samples a token: dispatch events = emitted tokens, request by request
+        if row.charge_requests:
+            checks.append(_charge_parity(row, ids))
         # 8. the user's streams take turns
         if row.stream_spread is not None:
             ok = row.stream_spread <= th.stream_spread_max
@@ -87,17 +90,32 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
 
 
 def _delivery(row: UserPhaseSummary, th: Thresholds, ids) -> Check:
-    rate = row.dispatch_rate or row.emit_rate
-    source = "dispatch" if row.dispatch_rate else "emit"
-    if rate is None or rate.steady_rate_tps is None:
+    """The steady rate on dispatch events (charges) and on emitted tokens; both must reach the threshold,
+    so a limiter that charges without emitting cannot pass on its charges alone."""
+    measured = [(src, r) for src, r in (("dispatch", row.dispatch_rate), ("emit", row.emit_rate))
+                if r is not None and r.steady_rate_tps is not None]
+    if not measured:
+        rate = row.dispatch_rate or row.emit_rate
         tokens = rate.tokens if rate else 0
         return Check("delivery", *ids, None, th.delivery_min, ">=", "x limit", None,
                      f"{tokens} tokens: too few past the initial burst to measure a steady rate")
-    ratio = rate.steady_rate_tps / row.limit_tps
-    return Check("delivery", *ids, round(ratio, 4), th.delivery_min, ">=", "x limit", ratio >= th.delivery_min,
-                 f"steady {source} rate {rate.steady_rate_tps:.2f} tok/s = {ratio:.3f} x limit {row.limit_tps} "
-                 f"({rate.steady_tokens} tokens beyond the {rate.tokens - rate.steady_tokens}-token burst over "
-                 f"{(rate.last_ns - rate.first_ns) / 1e9:.2f} s)")
+    ratios = [(src, r, r.steady_rate_tps / row.limit_tps) for src, r in measured]
+    worst = min(x for _, _, x in ratios)
+    text = "; ".join(
+        f"steady {src} rate {r.steady_rate_tps:.2f} tok/s = {x:.3f} x limit {row.limit_tps} "
+        f"({r.steady_tokens} tokens beyond the {r.tokens - r.steady_tokens}-token burst over "
+        f"{(r.last_ns - r.first_ns) / 1e9:.2f} s)" for src, r, x in ratios)
+    return Check("delivery", *ids, round(worst, 4), th.delivery_min, ">=", "x limit", worst >= th.delivery_min, text)
+
+
+def _charge_parity(row: UserPhaseSummary, ids) -> Check:
+    ok = row.charge_over_allowance == 0
+    text = (f"{row.charge_requests} finished requests: dispatch events - emitted tokens = {row.charge_excess_tokens:+d} "
+            f"in all, {row.charge_over_allowance} beyond the allowance (0 for length, and stop when synchronous; "
+            f"the look-ahead step after a stop, the steps dispatched before an abort)")
+    if not ok:
+        text += f"; worst {row.charge_worst}"
+    return Check("charge-parity", *ids, row.charge_over_allowance, 0, "<=", "tokens", ok, text)
 
 
 def _user_rate(row: UserPhaseSummary) -> float | None:
@@ -127,6 +145,9 @@ def _isolation(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                     out.append(Check("isolation-rate", *ids, round(ratio, 4), th.isolation_min, ">=", "x baseline",
                                      ratio >= th.isolation_min,
                                      f"rate beside the throttled neighbour {rx:.1f} tok/s vs alone {rb:.1f} tok/s"))
+                ttft = _ttft_check(b, x, th, ids)
+                if ttft is not None:
+                    out.append(ttft)
                 gb, gx = _p99(b), _p99(x)
                 if gb and gx is not None:
                     ratio = gx / gb
@@ -136,6 +157,27 @@ def _isolation(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                                      f"p99 inter-token gap {gx / 1e6:.2f} ms beside the neighbour vs "
                                      f"{gb / 1e6:.2f} ms alone"))
     return out
+
+
+def _ttft_check(base: UserPhaseSummary, shared: UserPhaseSummary, th: Thresholds, ids) -> Check | None:
+    """p50 time to first token beside the neighbour <= factor * p50 alone + slack (client side; the
+    engine side, first emit event - sent, when there are no client chunks)."""
+    for side, b, x in (("client", base.ttft_client, shared.ttft_client),
+                       ("engine", base.ttft_engine, shared.ttft_engine)):
+        if b is not None and x is not None:
+            break
+    else:
+        return None
+    allowed_ns = th.isolation_ttft_factor * b.p50_ns + th.isolation_ttft_slack_ns
+    text = (f"p50 time to first token ({side}: {'first chunk' if side == 'client' else 'first emit event'} - sent) "
+            f"{x.p50_ns / 1e6:.1f} ms beside the neighbour vs {b.p50_ns / 1e6:.1f} ms alone, allowed "
+            f"{th.isolation_ttft_factor:g} x alone + {th.isolation_ttft_slack_ns / 1e6:g} ms = {allowed_ns / 1e6:.1f} ms; "
+            f"max {x.max_ns / 1e6:.1f} ms vs {b.max_ns / 1e6:.1f} ms")
+    if side == "client" and base.ttft_engine is not None and shared.ttft_engine is not None:
+        text += (f"; engine side (first emit - sent) p50 {shared.ttft_engine.p50_ns / 1e6:.1f} ms vs "
+                 f"{base.ttft_engine.p50_ns / 1e6:.1f} ms")
+    return Check("isolation-ttft", *ids, round(x.p50_ns / 1e6, 3), round(allowed_ns / 1e6, 3), "<=", "ms",
+                 x.p50_ns <= allowed_ns, text)
 
 
 def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:

@@ -5,11 +5,18 @@ run the step (two steps with async scheduling). A window over emit times
 therefore covers dispatches from a window up to that lag wider, which is the
 tolerance the bound gets on emit events.
 
-Definition: match the k-th token emitted for a request with the k-th dispatch
-event of that request (charges happen in order; the few extra charges of a
-request, after a stop or a cancel, come last and match nothing). The
-dispatch-to-emit latency of an emit event is its time minus the dispatch time of
-its first token. ``longest_ns`` is the largest such latency in the engine's file.
+Definition: each emit event is paired with the latest dispatch event of the
+same request at or before it, but never with a later one than the dispatch of
+its first token counted from the start plus the request's extra charges
+(``dispatch events - emitted tokens`` when positive). Without extra charges
+that is the k-th dispatch for the k-th token (charges happen in order; with
+async scheduling the look-ahead dispatch of token k+1 comes before the emit of
+token k, so "latest at or before" alone would pair them and halve the step).
+Extra charges, wherever they fall (a charged prefill chunk before the first
+token, the look-ahead step after a stop, a step dispatched before a cancel),
+cannot stretch a pairing back past the latest dispatch before the emit. The
+dispatch-to-emit latency of an emit event is its time minus its paired
+dispatch's time; ``longest_ns`` is the largest such latency in the engine's file.
 """
 
 from __future__ import annotations
@@ -42,37 +49,73 @@ def estimate_engine_step(
     dispatch_groups: Groups | None = None,
     emit_groups: Groups | None = None,
 ) -> EngineStep:
-    """Latency from each emitted token's dispatch to its emit event, over the whole engine.
+    """Latency from each emit event's dispatch (see the module) to the emit, over the whole engine.
 
     Inputs time-sorted; ``*_groups``: ``group_by`` of the request arrays, when already computed.
+    O(n) when no request has extra charges, else one binary search per emit event (O(n log n)).
     """
     if len(dispatch_t_ns) == 0 or len(emit_t_ns) == 0:
         return EngineStep(0, None, None, 0, "unavailable: no dispatch or no emit events")
     n_codes = int(max(dispatch_req.max(), emit_req.max())) + 1
     d_groups = dispatch_groups or group_by(np.asarray(dispatch_req))
     d_t = np.asarray(dispatch_t_ns)[d_groups.order]
-    d_count = np.zeros(n_codes, dtype=np.int64)
-    d_start = np.zeros(n_codes, dtype=np.int64)
-    d_count[d_groups.keys] = d_groups.sizes
-    d_start[d_groups.keys] = d_groups.starts
     # dispatch times are sorted within each request when the input was time-ordered
     e_groups = emit_groups or group_by(np.asarray(emit_req))
     e_t = np.asarray(emit_t_ns)[e_groups.order]
     unit = bool(np.all(emit_count == 1))
     if unit and np.array_equal(d_groups.keys, e_groups.keys) and np.array_equal(d_groups.sizes, e_groups.sizes):
         # the usual case: every request has one dispatch per emitted token, in the same order
-        lat = e_t - d_t
-        return _step(lat, "dispatch-to-emit")
-    e_req = np.asarray(emit_req)[e_groups.order]
+        return _step(e_t - d_t, "dispatch-to-emit")
+    d_count = np.zeros(n_codes, dtype=np.int64)
+    d_start = np.zeros(n_codes, dtype=np.int64)
+    d_count[d_groups.keys] = d_groups.sizes
+    d_start[d_groups.keys] = d_groups.starts
+    e_req = np.asarray(emit_req)[e_groups.order].astype(np.int64, copy=False)
     e_c = np.asarray(emit_count, dtype=np.int64)[e_groups.order]
     excl = np.cumsum(e_c) - e_c
     first_of_group = np.repeat(excl[e_groups.starts], e_groups.sizes)
     ordinal = excl - first_of_group  # tokens of this request emitted before this event
-    valid = (ordinal < d_count[e_req]) & (e_c > 0)
+    emitted = np.zeros(n_codes, dtype=np.int64)
+    emitted[e_groups.keys] = np.add.reduceat(e_c, e_groups.starts) if len(e_c) else 0
+    extra = np.maximum(d_count - emitted, 0)
+    latest = _latest_at_or_before(d_t, d_groups, e_t, e_groups, n_codes) - d_start[e_req]
+    pair = np.minimum(np.minimum(ordinal + extra[e_req], d_count[e_req] - 1), latest)
+    valid = (pair >= 0) & (e_c > 0)
     if not valid.any():
-        return EngineStep(0, None, None, 0, "unavailable: no emit matches a dispatch")
-    lat = e_t[valid] - d_t[d_start[e_req[valid]] + ordinal[valid]]
+        return EngineStep(0, None, None, 0, "unavailable: no emit follows a dispatch of its request")
+    lat = e_t[valid] - d_t[d_start[e_req[valid]] + pair[valid]]
     return _step(lat, "dispatch-to-emit")
+
+
+def _latest_at_or_before(d_t: np.ndarray, d_groups: Groups, e_t: np.ndarray, e_groups: Groups,
+                         n_codes: int) -> np.ndarray:
+    """For each grouped emit, the index into grouped dispatches of the latest dispatch of its
+    request at or before it (below its request's first dispatch when there is none).
+
+    One ``searchsorted`` over all requests: each request's times are moved into its own
+    interval of one increasing axis (time since the request's first event, plus the spans
+    of the requests before it), so the grouped, per-request sorted times are sorted as a whole.
+    """
+    big = np.iinfo(np.int64).max
+    first = np.full(n_codes, big, dtype=np.int64)
+    last = np.full(n_codes, -big, dtype=np.int64)
+    for t, g in ((d_t, d_groups), (e_t, e_groups)):
+        if len(g):
+            first[g.keys] = np.minimum(first[g.keys], t[g.starts])
+            last[g.keys] = np.maximum(last[g.keys], t[g.ends - 1])
+    span = np.where(last >= first, last - first + 1, 0)
+    if int(span.sum(dtype=np.float64)) >= 2**62:  # cannot happen with real clocks; stay exact anyway
+        out = np.empty(len(e_t), dtype=np.int64)
+        d_start = dict(zip(d_groups.keys.tolist(), d_groups.starts.tolist()))
+        d_end = dict(zip(d_groups.keys.tolist(), d_groups.ends.tolist()))
+        for key, lo, hi in zip(e_groups.keys.tolist(), e_groups.starts.tolist(), e_groups.ends.tolist()):
+            ds, de = d_start.get(key, 0), d_end.get(key, 0)
+            out[lo:hi] = ds + np.searchsorted(d_t[ds:de], e_t[lo:hi], side="right") - 1
+        return out
+    offset = np.cumsum(span) - span - first
+    d_key = d_t + np.repeat(offset[d_groups.keys], d_groups.sizes)
+    e_key = e_t + np.repeat(offset[e_groups.keys], e_groups.sizes)
+    return np.searchsorted(d_key, e_key, side="right") - 1
 
 
 def _step(lat: np.ndarray, method: str) -> EngineStep:

@@ -29,7 +29,9 @@ from ratebench.analysis.segments import group_by
 from ratebench.analysis.series import request_streams
 from ratebench.analysis.steps import EngineStep, estimate_engine_step
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, Thresholds, UserPhaseSummary
-from ratebench.events import KIND_DISPATCH, KIND_EMIT
+from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
+
+FINISH_STOP, FINISH_LENGTH = 1, 2  # events.FINISH_REASONS codes
 
 ANONYMOUS = "__anonymous__"
 OVERHEAD_ROLES = ("feature-on", "feature-off", "stock")
@@ -227,6 +229,9 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     d_late, _ = events_after_grouped(d_t[d_by_req.order], d_by_req, totals.finish_ns)
     e_late, e_late_tok = events_after_grouped(e_t_r, e_by_req, totals.finish_ns, e_c_r)
     after_finish = (d_late + e_late, e_late_tok)
+    if eng.feature:
+        _charge_parity(run, name, summary, totals, first_user, strings, n_codes)
+    _engine_ttft(run, name, summary, e_t_r, e_by_req, first_user, strings, n_codes)
     code_of_record = {int(trace.req_record[code]): int(code) for code in np.flatnonzero(has)}
     for i, r in enumerate(run.records):
         if r.engine != name:
@@ -235,6 +240,76 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         view = view_of(totals, code, after_cancel, after_finish) if code is not None else None
         chk = reconcile_request(r, view, engine_has_events=True, cancel_max_steps=th.cancel_max_steps)
         _add_request_check(summary, phase_of, i, r, chk)
+
+
+def _row_groups(trace, codes: np.ndarray, first_user: np.ndarray, n_codes: int):
+    """(phase index, user code, positions into ``codes``) for each row the request codes belong to."""
+    keys = trace.req_phase[codes] * n_codes + first_user[codes]
+    if len(keys) == 0:
+        return
+    groups = group_by(keys)
+    for _, key, sl in groups.slices():
+        p_index, u_code = divmod(int(key), n_codes)
+        yield p_index, u_code, groups.order[sl]
+
+
+def _charge_parity(run: RunData, name: str, summary: RunSummary, totals, first_user: np.ndarray,
+                   strings: list[str], n_codes: int) -> None:
+    """Per row: dispatch events - emitted tokens of each finished request, against its allowance.
+
+    Allowance: 0 for a request finished by length, and by stop under synchronous scheduling;
+    1 for a stop under async scheduling (the look-ahead step dispatched before the stop was
+    seen); for an abort (or another reason) the steps already dispatched when it came: 1, 2 with
+    async scheduling. Fewer charges than tokens is outside the allowance too (tokens never charged).
+    """
+    trace = run.traces[name]
+    meta_async = trace.events.meta.get("async_scheduling")
+    is_async = bool(run.engines[name].async_scheduling if meta_async is None else meta_async)
+    codes = np.flatnonzero((totals.finish_reason >= 0) & (trace.req_phase >= 0) & (first_user >= 0))
+    if len(codes) == 0:
+        return
+    excess = totals.dispatched[codes].astype(np.int64) - totals.emitted[codes]
+    reason = totals.finish_reason[codes]
+    allowance = np.full(len(codes), 2 if is_async else 1, dtype=np.int64)
+    allowance[reason == FINISH_LENGTH] = 0
+    allowance[reason == FINISH_STOP] = 1 if is_async else 0
+    over = np.maximum(excess - allowance, 0) + np.maximum(-excess, 0)
+    for p_index, u_code, pos in _row_groups(trace, codes, first_user, n_codes):
+        row = _row(run, summary, p_index, strings[u_code])
+        row.charge_requests = len(pos)
+        row.charge_excess_tokens = int(excess[pos].sum())
+        row.charge_over_allowance = int(over[pos].sum())
+        if row.charge_over_allowance:
+            w = pos[int(np.argmax(over[pos]))]
+            code = int(codes[w])
+            rec = trace.req_record[code]
+            who = run.records[rec].client_id if rec >= 0 else strings[code]
+            row.charge_worst = (f"{who}: {int(totals.dispatched[code])} dispatch events for "
+                                f"{int(totals.emitted[code])} tokens emitted, finished by "
+                                f"{FINISH_REASONS.get(int(reason[w]), 'unknown')} (allowed {int(allowance[w])} more)")
+
+
+def _engine_ttft(run: RunData, name: str, summary: RunSummary, e_t_r: np.ndarray, e_by_req, first_user: np.ndarray,
+                 strings: list[str], n_codes: int) -> None:
+    """Per row: the engine's first emit event of each request minus the client's send time."""
+    trace = run.traces[name]
+    if len(e_by_req) == 0:
+        return
+    codes = e_by_req.keys.astype(np.int64)
+    rec = trace.req_record[codes]
+    keep = (rec >= 0) & (trace.req_phase[codes] >= 0) & (first_user[codes] >= 0)
+    codes, first_emit, rec = codes[keep], e_t_r[e_by_req.starts[keep]], rec[keep]
+    sent = _sent_ns(run)[rec]
+    keep = sent >= 0
+    codes, ttft = codes[keep], first_emit[keep].astype(np.int64) - sent[keep]
+    for p_index, u_code, pos in _row_groups(trace, codes, first_user, n_codes):
+        _row(run, summary, p_index, strings[u_code]).ttft_engine = gap_stats(ttft[pos])
+
+
+def _sent_ns(run: RunData) -> np.ndarray:
+    """Every client record's ``sent_ns`` (-1 when it was never sent)."""
+    return np.fromiter((-1 if r.sent_ns is None else r.sent_ns for r in run.records), dtype=np.int64,
+                       count=len(run.records))
 
 
 def _add_request_check(summary: RunSummary, phase_of: dict, i: int, r, chk: RequestCheck | None) -> None:
@@ -281,6 +356,10 @@ def _summarize_clients(run: RunData, summary: RunSummary, th: Thresholds, phase_
         same_request = np.ones(n_chunks, dtype=bool)
         same_request[np.cumsum(lengths)[:-1]] = False
         row.gaps_client_request = gap_stats(np.diff(t)[same_request[1:]])
+        sent = [(r.chunk_ns[0], r.sent_ns) for r in with_chunks if r.sent_ns is not None]
+        if sent:
+            first, sent_ns = np.array(sent, dtype=np.int64).T
+            row.ttft_client = gap_stats(first - sent_ns)
         order = np.argsort(t, kind="stable")
         t = t[order]
         c = None if c is None else c[order]

@@ -17,6 +17,9 @@ class Thresholds:
     delivery_min: float = 0.97  # backlogged user's steady rate / N
     isolation_min: float = 0.9  # unthrottled user's rate shared / baseline
     isolation_gap_max: float | None = None  # its p99 gap shared / baseline (None: report only)
+    # its p50 time to first token shared <= factor * baseline + slack (client side)
+    isolation_ttft_factor: float = 2.0
+    isolation_ttft_slack_ns: int = 50_000_000
     max_overhead: float | None = None  # 1 - throughput(feature-on) / throughput(other) (None: report only)
     cancel_max_steps: int = 1  # emit events of a cancelled request after the cancel
     stream_spread_max: int = 2  # tokens between one user's streams while all are active
@@ -71,6 +74,13 @@ class UserPhaseSummary:
     gaps_client_request: GapStats | None = None
     gaps_client_user: GapStats | None = None
     stream_spread: int | None = None
+    ttft_client: GapStats | None = None  # first token-carrying chunk - sent, per request
+    ttft_engine: GapStats | None = None  # the engine's first emit event - sent, per request
+    # charge parity over the finished requests with engine events: dispatch events - emitted tokens
+    charge_requests: int = 0  # requests looked at
+    charge_excess_tokens: int = 0  # sum of dispatch events - emitted tokens (negative: tokens never charged)
+    charge_over_allowance: int = 0  # tokens charged beyond each request's allowance, summed
+    charge_worst: str | None = None  # the request furthest past its allowance, in words
     streamed_tokens: int = 0
     cancelled: int = 0
     cancelled_charged_tokens: int = 0

@@ -20,14 +20,21 @@ DEFINITIONS = """\
   the engine's longest step as tolerance; on **client** chunks it is information only.
   Checked per scenario phase and over each engine's whole event file (`*/*` rows), because a
   limiter's state carries across phases.
-- **Longest engine step**: the largest dispatch-to-emit latency: the k-th token emitted for a
-  request matched with that request's k-th dispatch event.
+- **Longest engine step**: the largest dispatch-to-emit latency: each emit event paired with the
+  latest dispatch event of its request at or before it, and never later than the k-th dispatch for
+  its first token k plus the request's extra charges (dispatch events - emitted tokens), so charges
+  that sample nothing do not stretch it, and async scheduling's look-ahead dispatch does not halve it.
 - **Seed rate**: tokens / (last token time - first token time), the seed article's method.
 - **Steady rate**: `(tokens - b) / (last - first)`, b = floor(0.1 N) + 1 the tokens GCRA lets
   through at once: the rate beyond the initial burst; exactly N for an ideal limiter and a
   backlogged user, never above N when the bound holds. Without a limit: tokens after the first
   0.5 s over the time from there.
-- **Delivery**: a backlogged user's steady dispatch rate / N, at least the threshold.
+- **Delivery**: a backlogged user's steady rate / N, on dispatch events and on emitted tokens;
+  both at least the threshold (a limiter that charges without emitting fails on emitted tokens).
+- **Charge parity**: for each finished request, dispatch events - emitted tokens = 0 when it
+  finished by length (or by stop under synchronous scheduling); 0 or 1 for a stop under async
+  scheduling (the look-ahead step), at most the steps already dispatched for an abort (1, 2 with
+  async scheduling). The figure: tokens outside that allowance, summed over the user's requests.
 - **Inter-token gap, per request**: time between consecutive emit events (engine) or
   token-carrying chunks (client) of one request, pooled over the user's requests in the phase.
   **Per user**: the same over all the user's events merged in time. Percentiles interpolate linearly.
@@ -38,7 +45,10 @@ DEFINITIONS = """\
   already), nothing happens for it after its finish event, and at most the threshold of its emit
   events come after the client's cancel time. Charged tokens: its dispatch events.
 - **Isolation**: the unthrottled user's rate (and p99 gap) beside a throttled neighbour
-  (`shared`) over its rate alone (`baseline`).
+  (`shared`) over its rate alone (`baseline`). **Time to first token**: per request, the first
+  token-carrying chunk minus the send time (client; engine side: the first emit event minus the
+  send time); its p50 beside the neighbour must be at most `isolation_ttft_factor` x the p50
+  alone + `isolation_ttft_slack_ns` (defaults 2 x + 50 ms).
 - **Overhead**: 1 - throughput(feature-on) / throughput(other), throughput = client tokens /
   (last chunk - first chunk) summed over the role's phases.
 - **Stream fairness**: the largest difference between one user's streams' token counts
