@@ -143,6 +143,9 @@ class SimEngine:
     step_ns: int = 5_000_000
     abort_delay_ns: int = 2_000_000
     emit_coalesce: int = 1  # >1: some emit events carry several tokens (tests of weights)
+    # >0: a broken engine that charges each request this many steps before its first token without
+    # sampling anything (as if it charged its middle prefill chunks)
+    prefill_charges: int = 0
     records: list = field(default_factory=list)  # event tuples
     strings: dict[str, int] = field(default_factory=dict)
     clock_ns: int = 10**12
@@ -172,7 +175,7 @@ def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
             "sim": r, "user": user, "rid": rid, "arrive": start + r.arrive_offset_ns, "done": 0,
             "finished": False, "chunks": [], "cancel": None if r.cancel_after_ns is None
             else start + r.arrive_offset_ns + r.cancel_after_ns, "finish_reason": None, "dispatched": 0,
-            "pending": 0,
+            "pending": 0, "free_charges": engine.prefill_charges,
         })
     last_served: dict[str, int] = {}
     now = start
@@ -202,7 +205,10 @@ def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
                     ev.append((t_disp, KIND_DISPATCH, 0, q["rid"], q["user"], 1))
                 q["dispatched"] += 1
                 last_served[q["user"]] = reqs.index(q)
-                scheduled.append(q)
+                if q["free_charges"]:
+                    q["free_charges"] -= 1  # charged, samples nothing
+                else:
+                    scheduled.append(q)
         step = int((phase.step_ns or engine.step_ns) * rng.uniform(0.8, 1.2))
         t_emit = now + step - 1000
         for q in scheduled:

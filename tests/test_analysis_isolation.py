@@ -34,3 +34,27 @@ def test_neighbour_that_slows_everyone_fails_isolation(tmp_path):
     checks = isolation_checks(isolation_run(tmp_path, shared_step_ns=10_000_000))
     assert checks["isolation-rate"].passed is False
     assert checks["isolation-rate"].figure < 0.6
+
+
+def test_unthrottled_users_first_token_is_checked_against_its_baseline(tmp_path):
+    checks = isolation_checks(isolation_run(tmp_path))
+    ttft = checks["isolation-ttft"]
+    assert ttft.passed and ttft.unit == "ms"
+    assert "engine side" in ttft.explanation
+
+
+def test_a_neighbour_that_delays_the_first_token_fails_isolation_ttft(tmp_path):
+    from synthetic_runs import edit_client_records
+
+    run = isolation_run(tmp_path)
+
+    def sent_earlier(recs):  # as if the shared phase's requests waited 0.5 s before their first token
+        for r in recs:
+            if r.phase == "shared" and r.user == "fast":
+                r.sent_ns -= 500_000_000
+
+    edit_client_records(run, sent_earlier)
+    checks = isolation_checks(run)
+    assert checks["isolation-ttft"].passed is False
+    assert checks["isolation-ttft"].figure > 500
+    assert checks["isolation-rate"].passed  # the rate from the first token on does not see it

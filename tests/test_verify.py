@@ -186,3 +186,19 @@ def test_emit_tolerance_can_be_set_instead_of_measured(tmp_path):
     emit = [c for c in verdict["checks"] if c["name"] == "bound-emit"][0]
     assert "step" not in emit["explanation"]  # no tolerance added
     assert verdict["thresholds"]["emit_tolerance_ns"] == 0
+
+
+def test_warm_up_requests_of_the_driver_raise_no_unmatched_request_warning(tmp_path):
+    from ratebench.analysis.load import is_warmup_request
+
+    assert is_warmup_request("cmpl-warmup-patched-sync-0-0-1a2b3c4d", "patched-sync")
+    assert is_warmup_request("chatcmpl-warmup-patched-sync-1-1a2b3c4d", "patched-sync")
+    assert not is_warmup_request("cmpl-warmup-patched-sync-0-0-1a2b3c4d", "patched")
+    assert not is_warmup_request("cmpl-rb-5e1f0001-1-0-1a2b3c4d", "patched-sync")
+    warm = [SimRequest(f"warmup-patched-sync-{n}", None, 0, 8) for n in range(2)]
+    run = one_phase_run(tmp_path / "run", requests=[SimRequest(f"rb-5e1f0001-{i}", "user-a", i, 60) for i in range(2)]
+                        + warm)
+    edit_client_records(run, lambda recs: recs.__setitem__(slice(None), [r for r in recs if r.client_id.startswith("rb-")]))
+    verdict = analyse_run(run).verdict
+    assert not any("match no client record" in w for w in verdict.warnings), verdict.warnings
+    assert verdict.passed, verdict.summary()
