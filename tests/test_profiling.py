@@ -138,14 +138,16 @@ def test_py_spy_records_the_engine_core_of_a_real_engine(patched_vllm, tiny_mode
     from ratebench.profiles import load_profile
 
     prof = load_profile("cpu-tiny")
-    settings = profiling.EngineProfileSettings(r_values=[12], duration_s=2.0, settle_s=0.5)
+    # 500 Hz: schedule() is about 1 % of a CPU engine's loop at this R; 2 s then give ~10 samples.
+    settings = profiling.EngineProfileSettings(r_values=[12], duration_s=2.0, rate_hz=500, settle_s=0.3)
     report = profiling.record_engine(prof, settings, tmp_path, log=lambda m: None)
     assert report.engine["engine_core_pid"] > 0
     assert len(report.rows) == 1
     row = report.rows[0]
     assert row.error is None, row.error
-    assert row.samples > 0
+    assert row.samples > 500  # the busy-loop thread, idle samples included: about rate x duration
     assert row.shares["schedule"] > 0
+    assert row.shares["model_wait"] + row.shares["idle"] > 0
     assert (tmp_path / "engine" / row.svg).read_text().startswith("<svg")
     json.loads((tmp_path / "engine" / row.speedscope).read_text())
     # No engine process outlives the command.
