@@ -32,6 +32,7 @@ and client timestamps compare directly.
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 from dataclasses import dataclass, field
@@ -97,53 +98,60 @@ class EngineEvents:
 
 
 def read_engine_events(path: str | Path) -> EngineEvents:
-    """Load an engine event file whole; fast for millions of events."""
+    """Load an engine event file whole; fast for millions of events.
+
+    Two passes over the file: block headers only (``pread`` of 16 bytes each), then every
+    block's records read straight into one preallocated array (no copy of the whole file).
+    """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        f = open(path, "rb")
     except OSError as exc:
         raise EventFileError(f"{path}: cannot read engine event file ({exc.strerror})") from exc
-    if len(data) < _HEADER.size or data[:8] != FILE_MAGIC:
-        raise EventFileError(f"{path}: not a ratebench engine event file (bad magic)")
-    _, version, meta_len = _HEADER.unpack_from(data, 0)
-    if version != FORMAT_VERSION:
-        raise EventFileError(f"{path}: format version {version}, this ratebench reads {FORMAT_VERSION}")
-    pos = _HEADER.size
-    try:
-        meta = json.loads(data[pos : pos + meta_len])
-    except ValueError as exc:
-        raise EventFileError(f"{path}: header metadata is not valid JSON ({exc})") from exc
-    pos += meta_len
-    # First pass: block boundaries only; second: one copy of the records into one array.
-    blocks: list[tuple[int, int, int]] = []  # (strings start, strings bytes, records)
-    total = 0
-    truncated = False
-    while pos < len(data):
-        if len(data) - pos < _HEADER.size:
-            truncated = True
-            break
-        magic, n_str, n_rec = _HEADER.unpack_from(data, pos)
-        if magic != BLOCK_MAGIC:
-            raise EventFileError(f"{path}: corrupt block header at byte {pos}")
-        end = pos + _HEADER.size + n_str + n_rec * RECORD_DTYPE.itemsize
-        if end > len(data):
-            truncated = True
-            break
-        blocks.append((pos + _HEADER.size, n_str, n_rec))
-        total += n_rec
-        pos = end
-    strings: list[str] = []
-    records = np.empty(total, dtype=RECORD_DTYPE)
-    raw = records.view(np.uint8)
-    out = 0
-    for spos, n_str, n_rec in blocks:
-        if n_str:
-            strings.extend(json.loads(data[spos : spos + n_str]))
-        if n_rec:
-            size = n_rec * RECORD_DTYPE.itemsize
-            rpos = spos + n_str
-            raw[out : out + size] = np.frombuffer(data, dtype=np.uint8, count=size, offset=rpos)
-            out += size
+    with f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, _HEADER.size, 0)
+        if len(head) < _HEADER.size or head[:8] != FILE_MAGIC:
+            raise EventFileError(f"{path}: not a ratebench engine event file (bad magic)")
+        _, version, meta_len = _HEADER.unpack(head)
+        if version != FORMAT_VERSION:
+            raise EventFileError(f"{path}: format version {version}, this ratebench reads {FORMAT_VERSION}")
+        pos = _HEADER.size
+        try:
+            meta = json.loads(os.pread(fd, meta_len, pos))
+        except ValueError as exc:
+            raise EventFileError(f"{path}: header metadata is not valid JSON ({exc})") from exc
+        pos += meta_len
+        blocks: list[tuple[int, int, int]] = []  # (strings start, strings bytes, records)
+        total = 0
+        truncated = False
+        while pos < size:
+            if size - pos < _HEADER.size:
+                truncated = True
+                break
+            magic, n_str, n_rec = _HEADER.unpack(os.pread(fd, _HEADER.size, pos))
+            if magic != BLOCK_MAGIC:
+                raise EventFileError(f"{path}: corrupt block header at byte {pos}")
+            end = pos + _HEADER.size + n_str + n_rec * RECORD_DTYPE.itemsize
+            if end > size:
+                truncated = True
+                break
+            blocks.append((pos + _HEADER.size, n_str, n_rec))
+            total += n_rec
+            pos = end
+        strings: list[str] = []
+        records = np.empty(total, dtype=RECORD_DTYPE)
+        raw = memoryview(records.view(np.uint8))
+        out = 0
+        for spos, n_str, n_rec in blocks:
+            f.seek(spos)
+            if n_str:
+                strings.extend(json.loads(f.read(n_str)))
+            size_rec = n_rec * RECORD_DTYPE.itemsize
+            if size_rec and f.readinto(raw[out : out + size_rec]) != size_rec:
+                raise EventFileError(f"{path}: file shrank while being read")
+            out += size_rec
     return EngineEvents(path=path, meta=meta, records=records, strings=strings, truncated=truncated)
 
 
@@ -241,16 +249,45 @@ def write_client_records(path: str | Path, records: list[ClientRecord]) -> None:
 def read_client_records(path: str | Path) -> list[ClientRecord]:
     """Read ``requests.jsonl``; errors name the file and line."""
     path = Path(path)
-    out: list[ClientRecord] = []
     try:
-        lines = path.read_text().splitlines()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            # one buffer: "[" + the file + "]", its newlines turned into commas in place, parsed
+            # as one JSON array (the lines are objects); no copies of a file of 100 MB
+            buf = bytearray(size + 2)
+            size = f.readinto(memoryview(buf)[1 : size + 1])
     except OSError as exc:
         raise EventFileError(f"{path}: cannot read client records ({exc.strerror})") from exc
-    for lineno, line in enumerate(lines, 1):
+    last = size  # buf index of the last character that is not white space (0: none)
+    while last > 0 and buf[last] in b" \t\r\n":
+        last -= 1
+    if last == 0:
+        return []
+    chars = np.frombuffer(buf, dtype=np.uint8)
+    newline = np.flatnonzero(chars[1:last] == 10) + 1
+    chars[newline] = ord(",")
+    buf[0], saved, buf[last + 1] = ord("["), buf[last + 1], ord("]")
+    try:
+        objects = orjson.loads(memoryview(buf)[: last + 2])
+    except ValueError:
+        objects = None
+    chars[newline] = 10
+    buf[last + 1] = saved
+    if objects is not None and len(objects) == len(newline) + 1 and all(type(o) is dict for o in objects):
+        try:
+            return [ClientRecord(**o) for o in objects]
+        except TypeError:
+            pass
+    out: list[ClientRecord] = []  # something is wrong: find the line, line by line
+    for lineno, line in enumerate(bytes(buf[1 : size + 1]).split(b"\n"), 1):
         if not line.strip():
             continue
         try:
-            out.append(ClientRecord(**orjson.loads(line)))
+            obj = orjson.loads(line)
+            if type(obj) is not dict:
+                raise TypeError(f"a JSON {type(obj).__name__}, not an object")
+            out.append(ClientRecord(**obj))
         except (ValueError, TypeError) as exc:
             raise EventFileError(f"{path}:{lineno}: not a client record ({exc})") from exc
     return out
+

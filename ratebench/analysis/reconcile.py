@@ -35,17 +35,25 @@ class EngineRequestTotals:
     finish_ns: np.ndarray  # NO_TIME: no finish event
 
 
-def engine_request_totals(records: np.ndarray, n_codes: int) -> EngineRequestTotals:
-    """Vectorized per-request totals of one engine event file (RECORD_DTYPE)."""
+def engine_request_totals(records: np.ndarray, n_codes: int, *, columns=None) -> EngineRequestTotals:
+    """Vectorized per-request totals of one engine event file (RECORD_DTYPE).
+
+    ``columns``: (dispatch request codes, emit request codes, emit counts or None when all are 1)
+    when the caller has them already (emits of no tokens left out)."""
     kind, req = records["kind"], records["req"]
-    em = kind == KIND_EMIT
-    e_req, e_c = req[em], records["count"][em]
-    if len(e_c) and e_c.max() == 1:
+    if columns is None:
+        em = kind == KIND_EMIT
+        e_req, e_c = req[em], records["count"][em]
+        d_req = req[kind == KIND_DISPATCH]
+        emit_events = np.bincount(e_req, minlength=n_codes)
+    else:
+        d_req, e_req, e_c = columns
+        emit_events = np.bincount(req[kind == KIND_EMIT], minlength=n_codes)
+    if e_c is None or (len(e_c) and e_c.max() == 1):
         emitted = np.bincount(e_req, minlength=n_codes)
     else:
         emitted = np.bincount(e_req, weights=e_c, minlength=n_codes).astype(np.int64)
-    emit_events = np.bincount(e_req, minlength=n_codes)
-    dispatched = np.bincount(req[kind == KIND_DISPATCH], minlength=n_codes)
+    dispatched = np.bincount(d_req, minlength=n_codes)
     fin = np.flatnonzero(kind == KIND_FINISH)
     finish_count = np.full(n_codes, -1, dtype=np.int64)
     finish_reason = np.full(n_codes, -1, dtype=np.int64)

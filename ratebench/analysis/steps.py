@@ -48,20 +48,25 @@ def estimate_engine_step(
     *,
     dispatch_groups: Groups | None = None,
     emit_groups: Groups | None = None,
+    grouped_times: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> EngineStep:
     """Latency from each emit event's dispatch (see the module) to the emit, over the whole engine.
 
-    Inputs time-sorted; ``*_groups``: ``group_by`` of the request arrays, when already computed.
+    Inputs time-sorted; ``*_groups``: ``group_by`` of the request arrays, when already computed;
+    ``grouped_times``: (dispatch, emit) times already taken in those groups' order.
     O(n) when no request has extra charges, else one binary search per emit event (O(n log n)).
     """
     if len(dispatch_t_ns) == 0 or len(emit_t_ns) == 0:
         return EngineStep(0, None, None, 0, "unavailable: no dispatch or no emit events")
     n_codes = int(max(dispatch_req.max(), emit_req.max())) + 1
     d_groups = dispatch_groups or group_by(np.asarray(dispatch_req))
-    d_t = np.asarray(dispatch_t_ns)[d_groups.order]
-    # dispatch times are sorted within each request when the input was time-ordered
     e_groups = emit_groups or group_by(np.asarray(emit_req))
-    e_t = np.asarray(emit_t_ns)[e_groups.order]
+    if grouped_times is not None:
+        d_t, e_t = grouped_times
+    else:
+        d_t = np.asarray(dispatch_t_ns)[d_groups.order]
+        e_t = np.asarray(emit_t_ns)[e_groups.order]
+    # times are sorted within each request when the input was time-ordered
     unit = bool(np.all(emit_count == 1))
     if unit and np.array_equal(d_groups.keys, e_groups.keys) and np.array_equal(d_groups.sizes, e_groups.sizes):
         # the usual case: every request has one dispatch per emitted token, in the same order

@@ -25,7 +25,7 @@ from ratebench.analysis.reconcile import (
     reconcile_request,
     view_of,
 )
-from ratebench.analysis.segments import group_by
+from ratebench.analysis.segments import group_by, time_order
 from ratebench.analysis.series import request_streams
 from ratebench.analysis.steps import EngineStep, estimate_engine_step
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, Thresholds, UserPhaseSummary
@@ -80,6 +80,19 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
     return summary
 
 
+class _Laps:
+    """Wall time of consecutive parts of one function, added into a ``stage_s`` dict."""
+
+    def __init__(self, stage_s: dict[str, float], prefix: str) -> None:
+        self.stage_s, self.prefix, self.t = stage_s, prefix, time.perf_counter()
+
+    def __call__(self, label: str) -> None:
+        now = time.perf_counter()
+        key = self.prefix + label
+        self.stage_s[key] = self.stage_s.get(key, 0.0) + now - self.t
+        self.t = now
+
+
 def _new_row(run: RunData, phase_index: int, user: str) -> UserPhaseSummary:
     p = run.phases[phase_index]
     spec = p.users.get(user)
@@ -103,6 +116,7 @@ def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> User
 def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Thresholds, phase_of: dict) -> None:
     trace = run.traces[name]
     eng = run.engines[name]
+    lap = _Laps(summary.stage_s, f"engine {name}: ")
     recs = trace.records
     strings = trace.events.strings
     n_codes = max(len(strings), 1)
@@ -117,13 +131,18 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         e_t, e_req, e_user, e_c = e_t[keep], e_req[keep], e_user[keep], e_c[keep]
     e_unit = bool(len(e_c) == 0 or e_c.max() == 1)
 
+    lap("columns")
     # per-request groupings, shared by the step estimate and the per-request gaps
     d_by_req, e_by_req = group_by(d_req), group_by(e_req)
-    step = estimate_engine_step(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req)
+    d_t_r, e_t_r = d_t[d_by_req.order], e_t[e_by_req.order]  # each request's times, request after request
+    lap("group by request")
+    step = estimate_engine_step(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req,
+                                grouped_times=(d_t_r, e_t_r))
     summary.engine_steps[name] = step
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
     tol = step.longest_ns if th.emit_tolerance_ns is None else th.emit_tolerance_ns
+    lap("step estimate")
 
     user_codes = np.flatnonzero(np.bincount(user_col, minlength=n_codes)) if len(recs) else []
     limits = {int(c): eng.limit_of(strings[c]) for c in user_codes}
@@ -143,13 +162,13 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
             summary.engine_user_of_record[i] = engine_user
 
     # per-request emit gaps: the gap from the previous emit of the same request, at each emit (-1: first)
-    e_t_r = e_t[e_by_req.order]
     gap_at_emit = np.full(len(e_t), -1, dtype=np.int64)
     if len(e_t) > 1:
         e_codes_r = e_req[e_by_req.order]
         same = e_codes_r[1:] == e_codes_r[:-1]
         gap_at_emit[e_by_req.order[1:][same]] = np.diff(e_t_r)[same]
 
+    lap("users, gaps per request")
     # per phase and user
     phase_bounds: dict[str, dict[int, tuple[int, object]]] = {"dispatch": {}, "emit": {}}
     all_in_phases = True
@@ -194,6 +213,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
                 row.gaps_emit_request = gap_stats(g[g >= 0])
                 row.gaps_emit_user = gap_stats(gaps_merged(tg))
 
+    lap("per phase and user")
     # the whole file: a limiter's state carries across phases. When every event is in a
     # phase and each user ran in one phase only, that phase's result is the whole file's.
     def whole(label, t_all, user_all, counts, tolerance):
@@ -215,9 +235,10 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
                 EngineUserBound(name, strings[c], int(limits[c]), whole_d.get(c), whole_e.get(c))
             )
     has = trace.req_record >= 0
+    lap("whole file")
 
     # reconciliation: per-request totals, then one Python step per client record
-    totals = engine_request_totals(recs, n_codes)
+    totals = engine_request_totals(recs, n_codes, columns=(d_req, e_req, None if e_unit else e_c))
     cancel_cut = np.full(n_codes, NO_TIME, dtype=np.int64)
     for code in np.flatnonzero(has):
         r = run.records[trace.req_record[code]]
@@ -226,12 +247,14 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     e_c_r = None if e_unit else e_c[e_by_req.order]
     after_cancel = (events_after_grouped(e_t_r, e_by_req, cancel_cut, e_c_r) if (cancel_cut < NO_TIME).any()
                     else None)
-    d_late, _ = events_after_grouped(d_t[d_by_req.order], d_by_req, totals.finish_ns)
+    d_late, _ = events_after_grouped(d_t_r, d_by_req, totals.finish_ns)
     e_late, e_late_tok = events_after_grouped(e_t_r, e_by_req, totals.finish_ns, e_c_r)
     after_finish = (d_late + e_late, e_late_tok)
+    lap("reconciliation totals")
     if eng.feature:
         _charge_parity(run, name, summary, totals, first_user, strings, n_codes)
     _engine_ttft(run, name, summary, e_t_r, e_by_req, first_user, strings, n_codes)
+    lap("charge parity, time to first token")
     code_of_record = {int(trace.req_record[code]): int(code) for code in np.flatnonzero(has)}
     for i, r in enumerate(run.records):
         if r.engine != name:
@@ -240,6 +263,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         view = view_of(totals, code, after_cancel, after_finish) if code is not None else None
         chk = reconcile_request(r, view, engine_has_events=True, cancel_max_steps=th.cancel_max_steps)
         _add_request_check(summary, phase_of, i, r, chk)
+    lap("reconciliation per request")
 
 
 def _row_groups(trace, codes: np.ndarray, first_user: np.ndarray, n_codes: int):
@@ -328,46 +352,68 @@ def _summarize_clients(run: RunData, summary: RunSummary, th: Thresholds, phase_
             summary.warnings.append(f"client record {r.client_id}: phase {r.scenario}/{r.phase}@{r.engine} "
                                     "not in scenarios.json")
             continue
-        by_group.setdefault((p_index, summary.user_of(i, r.user)), []).append((i, r))
-    for (p_index, user), pairs in by_group.items():
-        recs = [r for _, r in pairs]
+        by_group.setdefault((p_index, summary.user_of(i, r.user)), []).append(i)
+    chunks = _ClientChunks(run.records)
+    for (p_index, user), indices in by_group.items():
         row = _row(run, summary, p_index, user)
-        row.requests = len(recs)
-        row.streamed_tokens = sum(r.streamed_tokens for r in recs)
+        row.requests = len(indices)
+        row.streamed_tokens = int(chunks.streamed[indices].sum())
         if run.engines[row.engine].events_file is None:
             # no engine events (stock vLLM): reconcile the client side alone
-            for i, r in pairs:
+            for i in indices:
+                r = run.records[i]
                 _add_request_check(summary, phase_of, i, r, reconcile_request(r, None, engine_has_events=False))
-        cancelled = [r for r in recs if r.cancelled]
+        cancelled = [i for i in indices if run.records[i].cancelled]
         row.cancelled = len(cancelled)
         checks = summary.request_checks.get((p_index, user), [])
         row.cancelled_charged_tokens = sum(c.charged_tokens or 0 for c in checks if c.cancelled)
-        with_chunks = [r for r in recs if r.chunk_ns]
-        if not with_chunks:
+        with_chunks = np.array([i for i in indices if chunks.lengths[i]], dtype=np.int64)
+        if not len(with_chunks):
             continue
-        lengths = np.fromiter((len(r.chunk_ns) for r in with_chunks), dtype=np.int64, count=len(with_chunks))
-        n_chunks = int(lengths.sum())
-        t = np.fromiter(chain.from_iterable(r.chunk_ns for r in with_chunks), dtype=np.int64, count=n_chunks)
-        unit = sum(r.streamed_tokens for r in with_chunks) == n_chunks and all(
-            min(r.chunk_tokens) == 1 for r in with_chunks)
-        c = None if unit else np.fromiter(chain.from_iterable(r.chunk_tokens for r in with_chunks),
-                                          dtype=np.int64, count=n_chunks)
+        t, c, record = chunks.of(with_chunks)
+        unit = bool(c.min() == 1 and c.max() == 1)
         # per-request gaps: consecutive chunks of one record (records are concatenated whole)
-        same_request = np.ones(n_chunks, dtype=bool)
-        same_request[np.cumsum(lengths)[:-1]] = False
-        row.gaps_client_request = gap_stats(np.diff(t)[same_request[1:]])
-        sent = [(r.chunk_ns[0], r.sent_ns) for r in with_chunks if r.sent_ns is not None]
-        if sent:
-            first, sent_ns = np.array(sent, dtype=np.int64).T
-            row.ttft_client = gap_stats(first - sent_ns)
-        order = np.argsort(t, kind="stable")
-        t = t[order]
-        c = None if c is None else c[order]
+        row.gaps_client_request = gap_stats(np.diff(t)[record[1:] == record[:-1]])
+        sent = chunks.sent[with_chunks]
+        has_sent = sent >= 0
+        if has_sent.any():
+            row.ttft_client = gap_stats(chunks.first[with_chunks][has_sent] - sent[has_sent])
+        order = time_order(t)
+        if order is not None:
+            t, c = t[order], c[order]
+        c = None if unit else c
         row.client_rate = rate_figures(t, c, row.limit_tps, th.burst_ns)
         if row.limit_tps:
             keep = slice(None) if c is None else c > 0
             row.bound_client = bound_result(t[keep], None if c is None else c[keep], row.limit_tps, th.burst_ns, 0)
         row.gaps_client_user = gap_stats(gaps_merged(t))
+
+
+class _ClientChunks:
+    """Every client record's chunks as flat arrays, converted from Python lists once."""
+
+    def __init__(self, records) -> None:
+        n = len(records)
+        self.lengths = np.fromiter((len(r.chunk_ns) for r in records), dtype=np.int64, count=n)
+        total = int(self.lengths.sum())
+        self.t = np.fromiter(chain.from_iterable(r.chunk_ns for r in records), dtype=np.int64, count=total)
+        self.tokens = np.fromiter(chain.from_iterable(r.chunk_tokens for r in records), dtype=np.int64, count=total)
+        self.starts = np.cumsum(self.lengths) - self.lengths
+        self.streamed = np.zeros(n, dtype=np.int64)
+        has = self.lengths > 0
+        if total:
+            self.streamed[has] = np.add.reduceat(self.tokens, self.starts[has])
+        self.first = np.where(has, self.t[np.minimum(self.starts, max(total - 1, 0))] if total else 0, -1)
+        self.sent = np.fromiter((-1 if r.sent_ns is None else r.sent_ns for r in records), dtype=np.int64, count=n)
+
+    def of(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(chunk times, tokens, record index of each chunk) of these records, concatenated in order."""
+        lengths = self.lengths[indices]
+        total = int(lengths.sum())
+        record = np.repeat(indices, lengths)
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        pos = self.starts[record] + within
+        return self.t[pos], self.tokens[pos], record
 
 
 def _overheads(run: RunData, phase_of: dict) -> list[OverheadSummary]:
