@@ -470,16 +470,9 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
 
 
 def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:
-    """The verifier's verdict on a complete run, written into the run folder.
+    """The verifier's verdict on a complete run, written into the run folder."""
+    from ratebench import verify
 
-    Degrades with a message when the verifier is not installed or cannot read the run.
-    """
-    try:
-        from ratebench import verify
-    except ImportError:
-        console.print("[yellow]the verifier (ratebench.verify) is not installed: nothing was verified; "
-                      f"run `ratebench verify-bound {run_dir}` once it is[/]")
-        return None, EXIT_OK
     console.print("[bold]verify[/]: checking the run (verdict.json, report.md, plots/)")
     try:
         verdict = verify.verify_run(run_dir)

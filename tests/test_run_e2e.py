@@ -327,15 +327,6 @@ def test_long_prompts_eos_and_prefix_cache_send_what_they_say(small_run) -> None
         assert phase["params"]["prefix_cache_hits_tokens"] > 0
 
 
-def test_verification_is_skipped_with_a_message_when_the_verifier_is_missing(small_run, monkeypatch) -> None:
-    outcome, _ = small_run
-    monkeypatch.setitem(sys.modules, "ratebench.verify", None)  # import fails
-    console = Console(record=True, width=200)
-    verdict, code = verify_at_end(outcome.run_dir, console)
-    assert verdict is None and code == 0
-    assert "not installed" in console.export_text()
-
-
 # ---- a killed run, an engine that cannot start ------------------------------------------
 
 
