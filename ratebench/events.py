@@ -247,47 +247,33 @@ def write_client_records(path: str | Path, records: list[ClientRecord]) -> None:
 
 
 def read_client_records(path: str | Path) -> list[ClientRecord]:
-    """Read ``requests.jsonl``; errors name the file and line."""
+    """Read ``requests.jsonl``; errors name the file and line.
+
+    Each line is parsed in place (a memoryview slice of the file's bytes): no copy of the lines,
+    and less fresh memory than one parse of the whole file as an array, which matters at
+    millions of chunk times.
+    """
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            # one buffer: "[" + the file + "]", its newlines turned into commas in place, parsed
-            # as one JSON array (the lines are objects); no copies of a file of 100 MB
-            buf = bytearray(size + 2)
-            size = f.readinto(memoryview(buf)[1 : size + 1])
+        data = path.read_bytes()
     except OSError as exc:
         raise EventFileError(f"{path}: cannot read client records ({exc.strerror})") from exc
-    last = size  # buf index of the last character that is not white space (0: none)
-    while last > 0 and buf[last] in b" \t\r\n":
-        last -= 1
-    if last == 0:
-        return []
-    chars = np.frombuffer(buf, dtype=np.uint8)
-    newline = np.flatnonzero(chars[1:last] == 10) + 1
-    chars[newline] = ord(",")
-    buf[0], saved, buf[last + 1] = ord("["), buf[last + 1], ord("]")
-    try:
-        objects = orjson.loads(memoryview(buf)[: last + 2])
-    except ValueError:
-        objects = None
-    chars[newline] = 10
-    buf[last + 1] = saved
-    if objects is not None and len(objects) == len(newline) + 1 and all(type(o) is dict for o in objects):
-        try:
-            return [ClientRecord(**o) for o in objects]
-        except TypeError:
-            pass
-    out: list[ClientRecord] = []  # something is wrong: find the line, line by line
-    for lineno, line in enumerate(bytes(buf[1 : size + 1]).split(b"\n"), 1):
-        if not line.strip():
-            continue
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 10).tolist()
+    if not data.endswith(b"\n"):
+        ends.append(len(data))
+    view = memoryview(data)
+    out: list[ClientRecord] = []
+    start = 0
+    for lineno, end in enumerate(ends, 1):
+        line = view[start:end]
+        start = end + 1
         try:
             obj = orjson.loads(line)
             if type(obj) is not dict:
                 raise TypeError(f"a JSON {type(obj).__name__}, not an object")
             out.append(ClientRecord(**obj))
         except (ValueError, TypeError) as exc:
+            if not bytes(line).strip():
+                continue
             raise EventFileError(f"{path}:{lineno}: not a client record ({exc})") from exc
     return out
-

@@ -214,9 +214,10 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         order = time_order(recs["t_ns"])
         if order is not None:
             recs = recs[order]
-        run.traces[name] = _trace(name, events, recs, records, phase_of_key)
+        used = np.flatnonzero(np.bincount(recs["req"], minlength=len(events.strings))) if len(recs) else \
+            np.empty(0, dtype=np.int64)
+        run.traces[name] = _trace(name, events, recs, records, phase_of_key, used)
         run.stage_s[f"events {name}"] = time.perf_counter() - t0
-        used = np.flatnonzero(np.bincount(recs["req"], minlength=len(events.strings))) if len(recs) else []
         unmatched_codes = used[run.traces[name].req_record[used] < 0]
         # the driver's warm-up requests have no client record by design (docs/run-folder.md)
         unmatched = sum(1 for c in unmatched_codes.tolist() if not is_warmup_request(events.strings[c], name))
@@ -241,17 +242,23 @@ def _meta_disagreements(name: str, eng: EngineInfo, meta: dict) -> list[str]:
     return out
 
 
-def _trace(name: str, events: EngineEvents, recs: np.ndarray, records: list[ClientRecord], phase_of_key) -> EngineTrace:
+def _trace(name: str, events: EngineEvents, recs: np.ndarray, records: list[ClientRecord], phase_of_key,
+           used: np.ndarray) -> EngineTrace:
+    """``used``: the string codes that are request ids of some event."""
     n_codes = len(events.strings)
     req_record = np.full(n_codes, -1, dtype=np.int64)
     req_phase = np.full(n_codes, -1, dtype=np.int64)
     index = {r.client_id: i for i, r in enumerate(records) if r.engine == name}
-    if len(recs):
-        for code in np.flatnonzero(np.bincount(recs["req"], minlength=n_codes)):
-            cid = client_id_of(events.strings[code])
-            i = index.get(cid) if cid else None
-            if i is not None:
-                req_record[code] = i
-                r = records[i]
-                req_phase[code] = phase_of_key.get((r.scenario, r.phase, r.engine), -1)
+    strings = events.strings
+    codes, found, phases = [], [], []
+    for code in used.tolist():
+        cid = client_id_of(strings[code])
+        i = index.get(cid) if cid else None
+        if i is not None:
+            r = records[i]
+            codes.append(code)
+            found.append(i)
+            phases.append(phase_of_key.get((r.scenario, r.phase, r.engine), -1))
+    req_record[codes] = found
+    req_phase[codes] = phases
     return EngineTrace(name, events, recs, req_record, req_phase)

@@ -6,6 +6,7 @@ Vectorized over events: one stable sort per grouping, then one pass per group
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from itertools import chain
@@ -155,17 +156,17 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         first_user[e_by_req.keys] = e_user[e_by_req.order[e_by_req.starts]]
     if len(d_by_req):
         first_user[d_by_req.keys] = d_user[d_by_req.order[d_by_req.starts]]
-    for code in np.flatnonzero((trace.req_record >= 0) & (first_user >= 0)):
-        i = int(trace.req_record[code])
-        engine_user = strings[int(first_user[code])]
+    known = (trace.req_record >= 0) & (first_user >= 0)
+    for i, u_code in zip(trace.req_record[known].tolist(), first_user[known].tolist()):
+        engine_user = strings[u_code]
         if engine_user != client_user(run.records[i].user):
             summary.engine_user_of_record[i] = engine_user
 
     # per-request emit gaps: the gap from the previous emit of the same request, at each emit (-1: first)
     gap_at_emit = np.full(len(e_t), -1, dtype=np.int64)
     if len(e_t) > 1:
-        e_codes_r = e_req[e_by_req.order]
-        same = e_codes_r[1:] == e_codes_r[:-1]
+        same = np.ones(len(e_t) - 1, dtype=bool)  # the next emit (grouped) is of the same request
+        same[e_by_req.ends[:-1] - 1] = False
         gap_at_emit[e_by_req.order[1:][same]] = np.diff(e_t_r)[same]
 
     lap("users, gaps per request")
@@ -176,22 +177,14 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         ("dispatch", d_t, d_req, d_user, None),
         ("emit", e_t, e_req, e_user, None if e_unit else e_c),
     ):
-        ph = req_phase[req_all] if len(req_all) else np.empty(0, dtype=np.int64)
-        m = ph >= 0
-        if m.all():
-            groups = group_by(ph * n_codes + user_all)
-            order = groups.order
-        else:
-            all_in_phases = False
-            sel = np.flatnonzero(m)
-            groups = group_by(ph[sel] * n_codes + user_all[sel])
-            order = sel[groups.order]
+        order, group_list, in_phases = _phase_user_groups(req_all, user_all, req_phase, user_codes, len(run.phases),
+                                                          n_codes)
+        all_in_phases = all_in_phases and in_phases
         t = t_all[order]
         req = req_all[order] if label == "dispatch" else None  # emit gaps per request are precomputed
         c = None if c_all is None else c_all[order]
         request_gaps = gap_at_emit[order] if label == "emit" else None
-        for _, key, sl in groups.slices():
-            p_index, u_code = divmod(int(key), n_codes)
+        for p_index, u_code, sl in group_list:
             row = _row(run, summary, p_index, strings[u_code])
             tg = t[sl]
             cg = None if c is None else c[sl]
@@ -240,8 +233,8 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     # reconciliation: per-request totals, then one Python step per client record
     totals = engine_request_totals(recs, n_codes, columns=(d_req, e_req, None if e_unit else e_c))
     cancel_cut = np.full(n_codes, NO_TIME, dtype=np.int64)
-    for code in np.flatnonzero(has):
-        r = run.records[trace.req_record[code]]
+    for code, i in zip(np.flatnonzero(has).tolist(), trace.req_record[has].tolist()):
+        r = run.records[i]
         if r.cancelled:
             cancel_cut[code] = r.cancel_ns if r.cancel_ns is not None else (r.done_ns or NO_TIME)
     e_c_r = None if e_unit else e_c[e_by_req.order]
@@ -255,15 +248,53 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         _charge_parity(run, name, summary, totals, first_user, strings, n_codes)
     _engine_ttft(run, name, summary, e_t_r, e_by_req, first_user, strings, n_codes)
     lap("charge parity, time to first token")
-    code_of_record = {int(trace.req_record[code]): int(code) for code in np.flatnonzero(has)}
+    code_of_record = dict(zip(trace.req_record[has].tolist(), np.flatnonzero(has).tolist()))
+    # Python lists: one request at a time below, where numpy scalar indexing costs more than the check
+    totals_py = dataclasses.replace(totals, **{f.name: getattr(totals, f.name).tolist()
+                                               for f in dataclasses.fields(totals)})
+    after_cancel = None if after_cancel is None else tuple(a.tolist() for a in after_cancel)
+    after_finish = tuple(a.tolist() for a in after_finish)
     for i, r in enumerate(run.records):
         if r.engine != name:
             continue
         code = code_of_record.get(i)
-        view = view_of(totals, code, after_cancel, after_finish) if code is not None else None
+        view = view_of(totals_py, code, after_cancel, after_finish) if code is not None else None
         chk = reconcile_request(r, view, engine_has_events=True, cancel_max_steps=th.cancel_max_steps)
         _add_request_check(summary, phase_of, i, r, chk)
     lap("reconciliation per request")
+
+
+def _phase_user_groups(req_all: np.ndarray, user_all: np.ndarray, req_phase: np.ndarray, user_codes: np.ndarray,
+                       n_phases: int, n_codes: int):
+    """Events grouped by (phase of their request, their user), time order kept inside each group.
+
+    Returns (order into the events, [(phase index, user code, slice into order)], whether every
+    event is in a phase). One stable sort of a uint16 key (a radix sort) when phases x users fit.
+    """
+    n_users = len(user_codes)
+    if len(req_all) == 0:
+        return np.empty(0, dtype=np.int64), [], True
+    if (n_phases + 1) * n_users < 2**16:
+        phase_key = ((req_phase + 1) * n_users).astype(np.uint16)  # per request code; 0: in no phase
+        user_rank = np.zeros(n_codes, dtype=np.uint16)
+        user_rank[user_codes] = np.arange(n_users, dtype=np.uint16)
+        key = phase_key[req_all]
+        key += user_rank[user_all]
+        sizes = np.bincount(key, minlength=(n_phases + 1) * n_users)
+        order = np.argsort(key, kind="stable")
+        ends = np.cumsum(sizes)
+        present = np.flatnonzero(sizes[n_users:]) + n_users
+        groups = [(int(k // n_users) - 1, int(user_codes[k % n_users]), slice(int(ends[k] - sizes[k]), int(ends[k])))
+                  for k in present.tolist()]
+        return order, groups, not sizes[:n_users].any()
+    ph = req_phase[req_all]
+    sel = np.flatnonzero(ph >= 0)
+    groups = group_by(ph[sel] * n_codes + user_all[sel])
+    out = []
+    for _, key, sl in groups.slices():
+        p_index, u_code = divmod(int(key), n_codes)
+        out.append((p_index, u_code, sl))
+    return sel[groups.order], out, len(sel) == len(req_all)
 
 
 def _row_groups(trace, codes: np.ndarray, first_user: np.ndarray, n_codes: int):
@@ -397,7 +428,12 @@ class _ClientChunks:
         self.lengths = np.fromiter((len(r.chunk_ns) for r in records), dtype=np.int64, count=n)
         total = int(self.lengths.sum())
         self.t = np.fromiter(chain.from_iterable(r.chunk_ns for r in records), dtype=np.int64, count=total)
-        self.tokens = np.fromiter(chain.from_iterable(r.chunk_tokens for r in records), dtype=np.int64, count=total)
+        if sum(sum(r.chunk_tokens) for r in records) == total and not any(0 in r.chunk_tokens for r in records):
+            # one token a chunk (none carries 0, so a sum equal to the chunks' number means all are 1)
+            self.tokens = np.ones(total, dtype=np.int64)
+        else:
+            self.tokens = np.fromiter(chain.from_iterable(r.chunk_tokens for r in records), dtype=np.int64,
+                                      count=total)
         self.starts = np.cumsum(self.lengths) - self.lengths
         self.streamed = np.zeros(n, dtype=np.int64)
         has = self.lengths > 0
