@@ -1,6 +1,6 @@
 """Benchmark: verify-bound on a synthetic run of 10 million engine events across 1,000 users.
 
-    .venv/bin/python benchmarks/verify_10m.py [--events 10000000] [--users 1000] [--dir DIR] [--no-plots]
+    .venv/bin/python benchmarks/verify_10m.py [--events 10000000] [--users 1000] [--dir DIR [--reuse]] [--no-plots]
 
 Builds the run folder with numpy (a correct GCRA trace per user: 4 streams,
 requests of 250 tokens, 5 ms engine steps, one dispatch and one emit event per
@@ -151,10 +151,12 @@ def verify_child(run_dir: Path, plots: bool) -> None:
     stages["write verdict.json+report.md"] = result.stage_s.get("write", 0.0)
     stages["total"] = time.perf_counter() - t_all
     cpu = time.process_time()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    rss = usage.ru_maxrss * 1024
     v = result.verdict
-    print(json.dumps({"stages_s": stages, "cpu_s": cpu, "peak_rss_bytes": rss, "passed": v.passed, "checks": len(v.checks),
-                      "failures": len(v.failures), "rows": len(v.rows)}))
+    print(json.dumps({"stages_s": stages, "cpu_s": cpu, "user_s": usage.ru_utime, "sys_s": usage.ru_stime,
+                      "page_faults": usage.ru_minflt, "peak_rss_bytes": rss, "passed": v.passed,
+                      "checks": len(v.checks), "failures": len(v.failures), "rows": len(v.rows)}))
 
 
 def main() -> None:
@@ -163,6 +165,7 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=1000)
     ap.add_argument("--dir", type=Path, default=None, help="build here (default: a temporary folder)")
     ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="with --dir: verify the run folder built there before")
     ap.add_argument("--verify-only", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.verify_only:
@@ -175,11 +178,16 @@ def main() -> None:
     else:
         run_dir = args.dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    t = time.perf_counter()
-    info = build_run(run_dir, args.events, args.users)
-    print(f"built {info['events']:,} engine events, {info['requests']:,} requests, {info['users']} users "
-          f"in {time.perf_counter() - t:.1f} s (events.rbev {info['events_bytes'] / 2**20:.0f} MiB, "
-          f"requests.jsonl {info['requests_bytes'] / 2**20:.0f} MiB)")
+    if args.reuse and (run_dir / "manifest.json").is_file():
+        info = json.loads((run_dir / "bench-info.json").read_text())
+        print(f"reusing {run_dir}: {info['events']:,} engine events, {info['requests']:,} requests")
+    else:
+        t = time.perf_counter()
+        info = build_run(run_dir, args.events, args.users)
+        (run_dir / "bench-info.json").write_text(json.dumps(info))
+        print(f"built {info['events']:,} engine events, {info['requests']:,} requests, {info['users']} users "
+              f"in {time.perf_counter() - t:.1f} s (events.rbev {info['events_bytes'] / 2**20:.0f} MiB, "
+              f"requests.jsonl {info['requests_bytes'] / 2**20:.0f} MiB)")
     cmd = [sys.executable, __file__, "--verify-only", str(run_dir)] + (["--no-plots"] if args.no_plots else [])
     t = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=dict(os.environ))
@@ -187,7 +195,8 @@ def main() -> None:
     res = json.loads(out.stdout.strip().splitlines()[-1])
     total = res["stages_s"]["total"]
     load = os.getloadavg()[0]
-    print(f"verify: {total:.2f} s wall in-process ({wall:.2f} s with interpreter start), {res['cpu_s']:.2f} s CPU, "
+    print(f"verify: {total:.2f} s wall in-process ({wall:.2f} s with interpreter start), {res['cpu_s']:.2f} s CPU "
+          f"({res['user_s']:.2f} user, {res['sys_s']:.2f} system, {res['page_faults']:,} page faults), "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
     print(f"        "
           f"{info['events'] / total / 1e6:.2f} M events/s, peak RSS {res['peak_rss_bytes'] / 2**20:.0f} MiB "

@@ -65,6 +65,8 @@ def _row_figures(r: UserPhaseSummary) -> list[tuple[str, float | None]]:
         ("worst slack emit", slack(r.bound_emit)),
         ("p99 gap emit ms", p99_ms(r.gaps_emit_request)),
         ("p99 gap client ms", p99_ms(r.gaps_client_request)),
+        ("p50 first token client ms", r.ttft_client.p50_ns / 1e6 if r.ttft_client is not None else None),
+        ("charges beyond allowance", r.charge_over_allowance if r.charge_requests else None),
         ("tokens streamed", r.streamed_tokens),
     ]
 

@@ -99,11 +99,12 @@ def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_d
                                                    for c in v.failures))
     out.append("\n## Users by scenario phase\n\nRates in tok/s, slack in tokens, gaps in ms.\n\n")
     out.append(_table(ROW_COLUMNS, [row_cells(r) for r in v.rows]))
-    out.append("\n## Inter-token gaps (ms)\n\n")
+    out.append("\n## Inter-token gaps and times to first token (ms)\n\n")
     gap_rows = []
     for r in v.rows:
         for label, g in (("emit/request", r.gaps_emit_request), ("emit/user", r.gaps_emit_user),
-                         ("client/request", r.gaps_client_request), ("client/user", r.gaps_client_user)):
+                         ("client/request", r.gaps_client_request), ("client/user", r.gaps_client_user),
+                         ("first token, client", r.ttft_client), ("first token, engine", r.ttft_engine)):
             if g is not None:
                 gap_rows.append((f"{r.scenario}/{r.phase}", r.engine, r.user, label, g.count,
                                  *(f"{x / 1e6:.2f}" for x in (g.min_ns, g.p50_ns, g.p90_ns, g.p99_ns, g.max_ns))))
