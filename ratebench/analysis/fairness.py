@@ -37,22 +37,16 @@ def stream_spread(t_ns: np.ndarray, stream: np.ndarray) -> int | None:
     if not w.any():
         return 0
     tw, sw = t[w], s[w]
-    if k <= 64:
-        # each stream's count after every event: one running sum of an n-by-k table of ones
-        counts = np.zeros((tw.size, k), dtype=np.int32)
-        counts[np.arange(tw.size), sw] = 1
-        np.cumsum(counts, axis=0, out=counts)
-        spread = counts.max(axis=1) - counts.min(axis=1)
-    else:  # many streams: k running maxima, no n-by-k table
-        hi = lo = None
-        for j in range(k):
-            pos = np.flatnonzero(sw == j)
-            count = np.zeros(tw.size, dtype=np.int64)
-            count[pos] = np.arange(1, pos.size + 1)
-            np.maximum.accumulate(count, out=count)
-            hi = count if hi is None else np.maximum(hi, count)
-            lo = count if lo is None else np.minimum(lo, count)
-        spread = hi - lo
+    # each stream's count after every event: k running maxima, no n-by-k reductions
+    hi = lo = None
+    for j in range(k):
+        pos = np.flatnonzero(sw == j)
+        count = np.zeros(tw.size, dtype=np.int64)
+        count[pos] = np.arange(1, pos.size + 1)
+        np.maximum.accumulate(count, out=count)
+        hi = count if hi is None else np.maximum(hi, count)
+        lo = count if lo is None else np.minimum(lo, count)
+    spread = hi - lo
     # several events at one instant happen together: look only after the last of them
     last_of_instant = np.append(tw[1:] != tw[:-1], True)
     return int(spread[last_of_instant].max())
