@@ -116,6 +116,10 @@ def build_scheduler(
     num_blocks: int = 100_000,
     block_size: int = 16,
     clock: Callable[[], int] | None = None,
+    long_prefill_token_threshold: int = 0,
+    enable_prefix_caching: bool = False,
+    policy: str = "fcfs",
+    scheduler_cls: type | None = None,
 ):
     """A real (patched) Scheduler or AsyncScheduler with a KV cache of ``num_blocks``
     blocks, built from the tiny model's config, as vLLM's own scheduler tests do."""
@@ -137,12 +141,15 @@ def build_scheduler(
         max_model_len=max_model_len,
         is_encoder_decoder=False,
         enable_chunked_prefill=enable_chunked_prefill,
+        long_prefill_token_threshold=long_prefill_token_threshold,
         async_scheduling=async_scheduling,
+        policy=policy,
         **limiter_kwargs,
     )
     model_config = ModelConfig(model=str(model_dir), dtype="float32", seed=0, skip_tokenizer_init=True,
                                max_model_len=max_model_len)
-    cache_config = CacheConfig(block_size=block_size, cache_dtype="auto", enable_prefix_caching=False)
+    cache_config = CacheConfig(block_size=block_size, cache_dtype="auto",
+                               enable_prefix_caching=enable_prefix_caching)
     vllm_config = VllmConfig(scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config)
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
@@ -151,7 +158,7 @@ def build_scheduler(
             ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32))],
     )
     cache_config.num_gpu_blocks = num_blocks
-    cls = AsyncScheduler if async_scheduling else Scheduler
+    cls = scheduler_cls or (AsyncScheduler if async_scheduling else Scheduler)
     scheduler = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                     structured_output_manager=StructuredOutputManager(vllm_config), block_size=block_size,
                     log_stats=False)

@@ -12,18 +12,16 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
+from ratebench.microbench import build_scheduler
 from ratebench.tinymodel import ensure_tiny_model
 
 NS_PER_S = 1_000_000_000
@@ -71,61 +69,26 @@ def create_scheduler(
     clock: FakeClock | None = None,
     scheduler_cls: type | None = None,
 ) -> Scheduler:
-    """A real Scheduler (or AsyncScheduler) with a small KV cache."""
-    scheduler_config = SchedulerConfig(
+    """A real Scheduler (or AsyncScheduler) with a small KV cache (the builder
+    ratebench's scheduler microbenchmark uses)."""
+    return build_scheduler(
+        model_dir=tiny_model_dir(),
         max_num_seqs=max_num_seqs,
         max_num_active_seqs=max_num_active_seqs,
+        default_tps=default_tps,
+        user_tps=user_tps,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
-        is_encoder_decoder=False,
         enable_chunked_prefill=enable_chunked_prefill,
-        long_prefill_token_threshold=long_prefill_token_threshold,
         async_scheduling=async_scheduling,
-        policy=policy,
-        default_user_output_tokens_per_second=default_tps,
-        user_output_tokens_per_second=user_tps,
-    )
-    model_config = ModelConfig(
-        model=str(tiny_model_dir()),
-        dtype="float32",
-        seed=0,
-        skip_tokenizer_init=True,
-        max_model_len=max_model_len,
-    )
-    cache_config = CacheConfig(
-        block_size=block_size,
-        cache_dtype="auto",
-        enable_prefix_caching=enable_prefix_caching,
-    )
-    vllm_config = VllmConfig(
-        scheduler_config=scheduler_config,
-        model_config=model_config,
-        cache_config=cache_config,
-    )
-    kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"], FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
-            )
-        ],
-    )
-    cache_config.num_gpu_blocks = num_blocks
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    if scheduler_cls is None:
-        scheduler_cls = AsyncScheduler if async_scheduling else Scheduler
-    scheduler = scheduler_cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=block_size,
-        log_stats=False,
+        clock=clock,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        enable_prefix_caching=enable_prefix_caching,
+        policy=policy,
+        scheduler_cls=scheduler_cls,
     )
-    if clock is not None and getattr(scheduler, "output_rate_limiter", None) is not None:
-        scheduler.output_rate_limiter.clock_ns = clock
-    return scheduler
 
 
 def make_request(
