@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 from typer.testing import CliRunner
 
@@ -202,3 +204,26 @@ def test_warm_up_requests_of_the_driver_raise_no_unmatched_request_warning(tmp_p
     verdict = analyse_run(run).verdict
     assert not any("match no client record" in w for w in verdict.warnings), verdict.warnings
     assert verdict.passed, verdict.summary()
+
+
+def test_a_request_whose_events_name_two_users_is_split_between_their_rows(tmp_path):
+    from ratebench.events import KIND_DISPATCH, EventFileWriter, read_engine_events
+
+    run = one_phase_run(tmp_path / "run", streams=2)
+    path = run / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    recs = ev.records.copy()
+    with EventFileWriter(path, ev.meta) as w:
+        for s in ev.strings:
+            w.intern(s)
+        other = w.intern("user-z")
+        first_req = recs["req"][0]
+        moved = (recs["req"] == first_req) & (recs["kind"] == KIND_DISPATCH)
+        moved &= np.cumsum(moved) > 10  # the request's dispatches after its tenth charged to another user
+        recs["user"][moved] = other
+        w.write_block(recs)
+    verdict = analyse_run(run).verdict
+    users = {r.user for r in verdict.rows}
+    assert {"user-a", "user-z"} <= users
+    moved_row = next(r for r in verdict.rows if r.user == "user-z")
+    assert moved_row.dispatch_rate.tokens == int(moved.sum())
