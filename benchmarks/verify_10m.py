@@ -9,12 +9,25 @@ request), then runs the whole verify (load, analysis, checks, plots, verdict.jso
 report.md) in a child process and prints events/second, wall time per stage and
 the child's peak RSS.
 
-Measured on the 2-core development VM (shared with other jobs, load average 2.5
-to 4 during the runs), 10,020,000 events, 20,000 requests, 5,010,000 client chunks:
-7.2 to 12 s in all without plots (reading requests.jsonl 1.6 to 2.3 s, reading the
-event file 0.6 to 0.8 s, engine-side analysis 3.1 to 4.8 s, client side 0.6 to
-0.7 s, verdict.json and report.md 0.8 to 1.4 s), plots 2.2 to 2.4 s more; peak
-RSS 1.3 GiB (about 135 bytes per event). One million events: 0.5 s.
+Measured on the 2-core development VM (shared with other jobs), 10,020,000 events,
+20,000 requests, 5,010,000 client chunks, without plots, the same run folder
+(``--dir DIR --reuse``):
+
+* now, load average about 1: 3.5 to 4.0 s in all (3.8 to 4.2 s CPU, of which 0.9 to 1.2 s
+  system time for about 145,000 page faults); reading requests.jsonl 0.58 to 0.68 s, the event
+  file 0.14 to 0.19 s, engine-side analysis 1.9 to 2.3 s, client side 0.52 to 0.56 s,
+  verdict.json and report.md 0.12 to 0.13 s; 2.5 to 2.9 M events/s; peak RSS 1,138 MiB
+  (119 bytes per event). With other jobs taking memory and CPU the system time of the same
+  page faults grows to 3 s and the whole to 5 to 7 s. One million events: 0.46 s. Plots: 1.7 s more.
+* before (commit f5cb2b9, same folder, same hour, load about 1): 5.9 to 6.6 s (requests.jsonl
+  0.9 to 1.4 s, event file 0.27 to 0.39 s, engine side 3.4 to 3.5 s, client side 0.46 s,
+  verdict.json and report.md 0.70 to 0.72 s), peak RSS 1,284 MiB; 7.2 to 12 s under load.
+
+The system time is page faults: first touches of fresh memory cost this VM 5 to 20 us each.
+What took the time before: the whole requests.jsonl and event file copied in memory before
+parsing, verdict.json through ``dataclasses.asdict`` and ``json``, Python's cyclic collector
+running over millions of new objects, two sorts and random gathers over all events for the
+per-(phase, user) rows, per-request Python loops indexing numpy scalars.
 """
 
 from __future__ import annotations
