@@ -514,7 +514,12 @@ def _overheads(run: RunData, phase_of: dict) -> list[OverheadSummary]:
             if not recs:
                 continue
             tokens[p.role] += sum(r.streamed_tokens for r in recs)
-            span[p.role] += max(r.chunk_ns[-1] for r in recs) - min(r.chunk_ns[0] for r in recs)
+            # Output throughput as serving benchmarks define it: tokens over the
+            # phase's duration, from the first request sent to the last token
+            # received (a first-to-last-token span would leave out the time to
+            # first token, and reward a stall followed by a burst).
+            first_ns = min(r.sent_ns if r.sent_ns is not None else r.chunk_ns[0] for r in recs)
+            span[p.role] += max(r.chunk_ns[-1] for r in recs) - first_ns
         tput = {role: tokens[role] * 1e9 / span[role] for role in OVERHEAD_ROLES if span[role] > 0}
         ratios = {}
         for a, b in (("feature-on", "feature-off"), ("feature-on", "stock"), ("feature-off", "stock")):

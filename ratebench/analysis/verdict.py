@@ -101,7 +101,7 @@ class EngineUserBound:
 @dataclass
 class OverheadSummary:
     scenario: str
-    throughput_tps: dict[str, float]  # role -> total tokens / summed span
+    throughput_tps: dict[str, float]  # role -> total tokens / summed phase durations (first sent to last token)
     tokens: dict[str, int]
     ratios: dict[str, float]  # "feature-on/feature-off", ...
 
