@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -38,6 +37,8 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from ratebench._io import file_lock
 
 SUPPORTED_VLLM_VERSION = "0.32.0"
 DEFAULT_PATCH_DIR = Path(__file__).resolve().parent.parent / "patches" / f"vllm-{SUPPORTED_VLLM_VERSION}"
@@ -802,13 +803,8 @@ def _transition(root: str | Path | None, patch_dir: str | Path | None, *, action
 def _tree_lock(root: Path) -> Iterator[None]:
     """One patch operation per tree at a time, machine-wide."""
     key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    lock_path = Path(tempfile.gettempdir()) / f"ratebench-patch-{key}.lock"
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
+    with file_lock(Path(tempfile.gettempdir()) / f"ratebench-patch-{key}.lock"):
+        yield
 
 
 def _write_all(root: Path, changes: dict[str, bytes | None], originals: dict[str, bytes | None]) -> None:

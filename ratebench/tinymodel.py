@@ -44,7 +44,6 @@ about 230 to 360 tok/s, 16 streams about 2,000 to 3,100 tok/s, 32 streams about
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -55,6 +54,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from ratebench._io import file_lock
 
 TINY_MODEL_NAME = "tiny-qwen3"
 MODELS_DIR_ENV = "RATEBENCH_MODELS_DIR"
@@ -287,13 +288,8 @@ def _refuse_foreign_folder(dest: Path) -> None:
 
 @contextlib.contextmanager
 def _generation_lock(dest: Path) -> Iterator[None]:
-    lock_path = dest.parent / f".{dest.name}.lock"
-    with open(lock_path, "a") as lock_file:
-        fcntl.flock(lock_file, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock_file, fcntl.LOCK_UN)
+    with file_lock(dest.parent / f".{dest.name}.lock"):
+        yield
 
 
 def _replace_folder(new: Path, dest: Path) -> None:
