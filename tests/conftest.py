@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 from pathlib import Path
 from typing import Iterator
 
@@ -45,12 +44,10 @@ def tiny_model() -> Path:
 @contextlib.contextmanager
 def hold_engine_lock() -> Iterator[None]:
     """One engine run at a time on this machine (other sessions share the CPUs)."""
-    with ENGINE_LOCK.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    from ratebench._io import file_lock
+
+    with file_lock(ENGINE_LOCK):
+        yield
 
 
 @pytest.fixture
