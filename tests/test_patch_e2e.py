@@ -121,5 +121,9 @@ def test_patched_server_limits_one_user_with_four_streams(tmp_path, tiny_model):
         rates = rate_figures(t_ns, None, limit)
         print(f"{user}: limit {limit} tok/s, seed-method rate {rates.seed_rate_tps:.2f}, "
               f"steady {rates.steady_rate_tps}, worst-window slack {bound.worst}")
-        # Close to the limit: the engine can serve far more than 100 tok/s here.
-        assert 0.9 * limit <= rates.seed_rate_tps <= limit + (0.1 * limit + 1) / 2
+        # The seed's method (tokens over first-to-last span T) may exceed N by at most
+        # the burst spread over T; the steady rate (after the burst) is N, since the
+        # engine can serve far more than 100 tok/s here.
+        span_s = (int(t_ns[-1]) - int(t_ns[0])) / 1e9
+        assert rates.seed_rate_tps <= limit + (0.1 * limit + 1) / span_s + 1e-9
+        assert 0.97 * limit <= rates.steady_rate_tps <= 1.01 * limit
