@@ -76,11 +76,16 @@ def patch_apply(site_packages: _SitePackagesOption = None, patch_dir: _PatchDirO
     if not result.changed:
         _patch_out.print(f"already patched: nothing to do ({_escape(str(result.root / 'vllm'))})")
         return
+    _print_patch_changes(result, wrote="wrote  ")
+
+
+def _print_patch_changes(result, *, wrote: str) -> None:
+    """The files apply or revert changed, and the reminder about running servers."""
     _patch_out.print(_escape(_patch_result_line(result)))
     for path in result.written:
-        _patch_out.print(f"  wrote   {_escape(path)}")
+        _patch_out.print(f"  {wrote} {_escape(path)}")
     for path in result.deleted:
-        _patch_out.print(f"  deleted {_escape(path)}")
+        _patch_out.print(f"  deleted  {_escape(path)}")
     _patch_out.print("vLLM servers already running keep the old code until restarted")
 
 
@@ -111,12 +116,7 @@ def patch_revert(site_packages: _SitePackagesOption = None, patch_dir: _PatchDir
     if not result.changed:
         _patch_out.print(f"already pristine: nothing to do ({_escape(str(result.root / 'vllm'))})")
         return
-    _patch_out.print(_escape(_patch_result_line(result)))
-    for path in result.written:
-        _patch_out.print(f"  restored {_escape(path)}")
-    for path in result.deleted:
-        _patch_out.print(f"  deleted  {_escape(path)}")
-    _patch_out.print("vLLM servers already running keep the old code until restarted")
+    _print_patch_changes(result, wrote="restored")
 
 
 _PATCH_STATE_STYLE = {"pristine": "yellow", "patched": "green", "modified": "bold red"}

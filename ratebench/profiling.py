@@ -233,14 +233,7 @@ def breakdown(variant: str, r: int, settings: MicrobenchSettings, steps: int = 3
     import pstats
 
     scheduler_source()  # before the first scheduler is built: the text these figures belong to
-    if model_dir is None:
-        from ratebench.tinymodel import ensure_tiny_model
-
-        model_dir = ensure_tiny_model()
-    quiet_vllm_logs()
-    bench = SchedulerBench(variant, r, settings, model_dir)
-    for _ in range(warmup_calls_for(r, settings)):
-        bench.step(timed=False)
+    bench = _warmed_bench(variant, r, settings, model_dir)
     profiler = cProfile.Profile()
     scheduler = bench.scheduler
     original = scheduler.schedule
@@ -335,12 +328,8 @@ class LineBreakdown:
     error: str | None = None
 
 
-def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_s: float = 5.0,
-                   rate_hz: int = 250, top_n: int = 12, model_dir: Path | None = None) -> LineBreakdown:
-    """py-spy on this process while it steps one microbenchmark variant: each sample inside
-    ``schedule()`` goes to the line of schedule() it was on (a call site holds its callee's
-    time), marked as added by the patch or upstream vLLM's."""
-    source = scheduler_source()
+def _warmed_bench(variant: str, r: int, settings: MicrobenchSettings, model_dir: Path | None) -> SchedulerBench:
+    """One microbenchmark variant at R, stepped through its warm-up."""
     if model_dir is None:
         from ratebench.tinymodel import ensure_tiny_model
 
@@ -349,6 +338,16 @@ def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_
     bench = SchedulerBench(variant, r, settings, model_dir)
     for _ in range(warmup_calls_for(r, settings)):
         bench.step(timed=False)
+    return bench
+
+
+def line_breakdown(variant: str, r: int, settings: MicrobenchSettings, duration_s: float = 5.0,
+                   rate_hz: int = 250, top_n: int = 12, model_dir: Path | None = None) -> LineBreakdown:
+    """py-spy on this process while it steps one microbenchmark variant: each sample inside
+    ``schedule()`` goes to the line of schedule() it was on (a call site holds its callee's
+    time), marked as added by the patch or upstream vLLM's."""
+    source = scheduler_source()
+    bench = _warmed_bench(variant, r, settings, model_dir)
     problem = ptrace_problem()
     if problem is not None:
         return LineBreakdown(variant, r, 0, 0.0, [], bench.state(), problem)
