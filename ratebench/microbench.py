@@ -262,7 +262,7 @@ class SchedulerBench:
         self.steps += 1
         if timed:
             self.scheduled_requests += len(out.num_scheduled_tokens)
-            self.running_sum += len(scheduler.running)
+            self.running_sum += scheduler.get_request_counts()[0]
         return elapsed_ns
 
     def state(self) -> dict[str, Any]:
@@ -271,7 +271,7 @@ class SchedulerBench:
         timed = max(1, self.steps - warmup_calls_for(self.r, self.settings))
         return {
             "users": self.users,
-            "running": len(sched.running),
+            "running": sched.get_request_counts()[0],
             "waiting": len(sched.waiting),
             "mean_running": self.running_sum / timed,
             "mean_scheduled_requests": self.scheduled_requests / timed,

@@ -1,7 +1,7 @@
 """The GCRA limiter of the patch keeps its promise (DESIGN section 2).
 
 ``vllm.v1.core.sched.output_rate.OutputRateLimiter`` driven by hand: every time
-is an integer number of nanoseconds passed to ``try_take`` / ``on_step`` /
+is an integer number of nanoseconds passed to ``try_take`` / ``cleanup_idle_users`` /
 ``cleanup_idle_users`` (the limiter's own clock raises if read), so nothing
 depends on the wall clock. Expected values
 are derived from the rule in the code: a take at ``now`` is refused iff
@@ -23,7 +23,6 @@ pytestmark = pytest.mark.usefixtures("patched_vllm")
 
 NS_PER_S = 1_000_000_000
 BURST_NS = 100_000_000
-CLEANUP_INTERVAL_STEPS = 256
 RATES_TPS = [1, 7, 20, 100, 1000, 10**6]
 
 PROPERTY_SETTINGS = settings(
@@ -273,16 +272,13 @@ def test_users_are_independent(steps, rate_a, rate_b):
 def test_idle_clean_up_is_invisible(steps, rate_a, cleanup_at):
     """The same takes and refunds with and without clean-ups give identical answers.
 
-    One limiter is cleaned at random steps (cleanup_idle_users) and also ticks
-    on_step at every step with 300 ticks each (so its 256-step clean-up fires
-    too); the other is never cleaned.
+    One limiter is cleaned at random steps and whenever its clean-up is due
+    (as the scheduler does); the other is never cleaned.
     """
 
     def clean(limiter, index, now_ns):
-        if index in cleanup_at:
+        if index in cleanup_at or now_ns >= limiter.next_cleanup_ns:
             limiter.cleanup_idle_users(now_ns)
-        for _ in range(300):
-            limiter.on_step(now_ns)
 
     overrides = {"a": rate_a, "b": 1}
     never_cleaned = run_steps(make_limiter(20, overrides), steps)
@@ -304,22 +300,16 @@ def test_cleanup_drops_users_whose_tat_is_past_and_keeps_the_others():
     assert limiter.num_tracked_users == 0
 
 
-def test_on_step_cleans_up_every_256_steps():
+def test_cleanup_is_due_once_a_second_after_the_last():
     limiter = make_limiter(10)
+    assert limiter.next_cleanup_ns == 0  # due at the first step
     assert limiter.try_take("u", 0)
-    later_ns = 10 * NS_PER_S
-    for _ in range(CLEANUP_INTERVAL_STEPS - 1):
-        limiter.on_step(later_ns)
+    limiter.cleanup_idle_users(50_000_000)  # TAT 0.1 s is still ahead
     assert limiter.num_tracked_users == 1
-    limiter.on_step(later_ns)
+    assert limiter.next_cleanup_ns == NS_PER_S + 50_000_000
+    limiter.cleanup_idle_users(limiter.next_cleanup_ns)
     assert limiter.num_tracked_users == 0
-    # and again 256 steps later, not before
-    assert limiter.try_take("u", later_ns)
-    for _ in range(CLEANUP_INTERVAL_STEPS - 1):
-        limiter.on_step(2 * later_ns)
-    assert limiter.num_tracked_users == 1
-    limiter.on_step(2 * later_ns)
-    assert limiter.num_tracked_users == 0
+    assert limiter.next_cleanup_ns == 2 * NS_PER_S + 50_000_000
 
 
 def test_many_idle_users_do_not_accumulate():
@@ -327,8 +317,7 @@ def test_many_idle_users_do_not_accumulate():
     for i in range(1000):
         assert limiter.try_take(f"user-{i}", i * 1_000_000)
     assert limiter.num_tracked_users == 1000
-    for _ in range(CLEANUP_INTERVAL_STEPS):
-        limiter.on_step(2 * NS_PER_S)
+    limiter.cleanup_idle_users(2 * NS_PER_S)
     assert limiter.num_tracked_users == 0
 
 

@@ -197,7 +197,9 @@ def test_throttled_request_keeps_kv_and_slot_and_resumes_without_recompute():
         out = e.step()
         assert "r" not in out.num_scheduled_tokens
         assert "r" not in out.preempted_req_ids
-        assert r in s.running and r.status.name == "RUNNING"
+        # Parked out of the running list, still a running request.
+        assert r.status.name == "RUNNING" and r.output_rate_parked and r not in s.running
+        assert s.get_request_counts()[0] == 1
         assert s.kv_cache_manager.get_block_ids("r") == blocks
         assert r.num_computed_tokens == computed
     clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
@@ -222,7 +224,7 @@ def test_throttled_requests_do_not_count_toward_active_cap(max_num_seqs, admitte
     e.add(b)
     out = e.step()
     assert ("b0" in out.num_scheduled_tokens) is admitted
-    assert len(s.running) == (3 if admitted else 2)
+    assert s.get_request_counts()[0] == (3 if admitted else 2)
 
 
 def test_running_loop_schedules_at_most_the_active_cap():
@@ -238,7 +240,7 @@ def test_running_loop_schedules_at_most_the_active_cap():
     for _ in range(5):
         out = e.step()
         assert len(out.num_scheduled_tokens) <= 2
-    assert len(s.running) == 4  # a0, a1 throttled; two of b admitted
+    assert s.get_request_counts()[0] == 4  # a0, a1 throttled (parked); two of b admitted
 
 
 def test_preemption_picks_a_throttled_victim_first():
@@ -278,6 +280,60 @@ def test_wait_seconds_tell_the_engine_how_long_to_block():
     assert s.get_output_rate_wait_seconds() == pytest.approx(0.02)
     clock.now_ns = ready + 1
     assert s.get_output_rate_wait_seconds() == 0
+
+
+def _parked_setup(async_scheduling=False):
+    """Eight requests of user a (1 tok/s) parked beside one of user b."""
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"b": 1000}, max_num_seqs=16, max_num_active_seqs=4,
+                         async_scheduling=async_scheduling, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    a = [make_request(f"a{i}", user="a", max_tokens=100) for i in range(8)]
+    b = make_request("b", user="b", max_tokens=1000)
+    e.add(*a, b)
+    e.run_for_s(0.3)  # a0 gets its one token of burst; the others prefill one short, then park
+    return clock, s, e, a, b
+
+
+@SYNC_AND_ASYNC
+def test_throttled_requests_are_parked_and_cost_nothing_per_step(async_scheduling):
+    clock, s, e, a, b = _parked_setup(async_scheduling)
+    assert all(r.output_rate_parked and r.status.name == "RUNNING" for r in a)
+    assert s.running == [b]
+    assert s.get_request_counts() == (9, 0)  # parked requests still count as running
+    limiter = s.output_rate_limiter
+    calls: list[tuple[str, str]] = []
+    take, ready_at = limiter.try_take, limiter.ready_at_ns
+    limiter.try_take = lambda user, now_ns: calls.append(("take", user)) or take(user, now_ns)
+    limiter.ready_at_ns = lambda user: calls.append(("ready_at", user)) or ready_at(user)
+    for _ in range(20):  # 0.2 s, user a is out of budget until about 1 s
+        out = e.step()
+        assert set(out.num_scheduled_tokens) == {"b"}
+    assert {user for _, user in calls} == {"b"}  # nothing asked about a's eight requests
+    wait = s.get_output_rate_wait_seconds()
+    assert wait is not None and wait > 0  # the engine still learns when a is ready
+    clock.now_ns = ready_at("a")
+    out = e.step()
+    # Back at the end of running when a is ready: one of them is charged, the others park again.
+    assert sum(1 for r in a if r.request_id in out.num_scheduled_tokens) == 1
+    assert out.num_scheduled_tokens["b"] == 1
+    assert sum(r.output_rate_parked for r in a) == 7
+    assert s.get_request_counts() == (9, 0)
+
+
+def test_parked_request_can_be_aborted_and_reset_preempts_parked_requests():
+    from vllm.v1.request import RequestStatus
+
+    clock, s, e, a, b = _parked_setup()
+    free_before = s.kv_cache_manager.block_pool.get_num_free_blocks()
+    s.finish_requests(["a3"], RequestStatus.FINISHED_ABORTED)
+    assert not a[3].output_rate_parked and a[3].status == RequestStatus.FINISHED_ABORTED
+    assert s.get_request_counts() == (8, 0)
+    assert s.kv_cache_manager.block_pool.get_num_free_blocks() > free_before  # its blocks came back
+    e.run_for_s(0.1)  # the scheduler goes on without it
+    assert s.reset_prefix_cache(reset_running_requests=True)
+    assert not any(r.output_rate_parked for r in a) and s.get_request_counts() == (0, 8)
+    assert all(r.status == RequestStatus.PREEMPTED for r in a if r is not a[3])
 
 
 def test_anonymous_requests_share_one_budget():
