@@ -314,11 +314,29 @@ def test_throttled_requests_are_parked_and_cost_nothing_per_step(async_schedulin
     assert wait is not None and wait > 0  # the engine still learns when a is ready
     clock.now_ns = ready_at("a")
     out = e.step()
-    # Back at the end of running when a is ready: one of them is charged, the others park again.
+    # Back at the front of running when a is ready: one of them is charged, the others park again.
     assert sum(1 for r in a if r.request_id in out.num_scheduled_tokens) == 1
     assert out.num_scheduled_tokens["b"] == 1
     assert sum(r.output_rate_parked for r in a) == 7
     assert s.get_request_counts() == (9, 0)
+
+
+def test_a_woken_request_keeps_its_turn_ahead_of_requests_admitted_while_it_was_parked():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"b": 1000}, max_num_seqs=16, max_num_active_seqs=4, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    a = [make_request(f"a{i}", user="a", max_tokens=100) for i in range(3)]
+    e.add(*a)
+    e.run_for_s(0.1)  # a0 has its token, all three are parked
+    b = [make_request(f"b{i}", user="b", max_tokens=1000) for i in range(4)]
+    e.add(*b)
+    e.run_for_s(0.1)  # b's four streams take all four active places
+    assert all(r.output_rate_parked for r in a) and s.running == b
+    clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
+    out = e.step()
+    # user a's token goes out as soon as it is due, not after the later arrivals
+    assert sum(1 for r in a if r.request_id in out.num_scheduled_tokens) == 1
+    assert len(out.num_scheduled_tokens) == 4
 
 
 def test_parked_request_can_be_aborted_and_reset_preempts_parked_requests():
