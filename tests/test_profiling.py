@@ -82,9 +82,12 @@ def test_microbench_json_is_written_with_its_settings(tiny_results, tmp_path):
 
 
 def test_breakdown_names_the_patch_functions(patched_vllm, tiny_model):
-    b = profiling.breakdown(VARIANT_ALL_THROTTLED, 8, TINY, steps=20, model_dir=tiny_model)
+    # (b): every step charges its scheduled requests (in (c) the throttled requests are
+    # parked, so a step calls no function of the patch at all).
+    b = profiling.breakdown(VARIANT_NEVER_REACHED, 8, TINY, steps=20, model_dir=tiny_model)
     assert b.schedule_us_per_step > 0
     assert b.patch, "no function of the patch was seen in schedule()"
+    assert any(c.function.endswith("(try_take)") for c in b.patch.values()), sorted(b.patch)
     assert all("output_rate" in c.function for c in b.patch.values())
     assert b.top
 
