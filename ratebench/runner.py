@@ -32,11 +32,20 @@ from rich.console import Console
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.engine import EngineError, EngineSpec, RunningEngine, launch_engine, wait_ready, warm_up
+from ratebench.engine import (
+    EngineError,
+    EngineSpec,
+    RunningEngine,
+    WarmUpPlan,
+    launch_engine,
+    wait_ready,
+    warm_up,
+)
 from ratebench.events import EventFileError, read_engine_events, write_client_records
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
     ROLE_FEATURE_ON,
+    ROLE_NO_EVENTS,
     ROLE_STOCK,
     EngineRef,
     PhaseRecord,
@@ -236,7 +245,7 @@ class Run:
 
     def engine_spec(self, name: str) -> EngineSpec:
         role, mode = name.rsplit("-", 1)
-        feature = role == ROLE_FEATURE_ON and self.options.use_patch
+        feature = role in (ROLE_FEATURE_ON, ROLE_NO_EVENTS) and self.options.use_patch
         kind = "stock" if role == ROLE_STOCK or not self.options.use_patch else "patched"
         lim = self.profile.limits
         pristine = None
@@ -252,8 +261,19 @@ class Run:
             flags=profile_engine_flags(self.profile),
             default_tps=lim.default_tps if feature else None,
             user_tps=dict(lim.user_tps) if feature else {},
-            env=dict(self.profile.engine.env),
+            env=dict(self.profile.engine.env), record_events=role != ROLE_NO_EVENTS,
         )
+
+    def warm_up_plan(self) -> WarmUpPlan:
+        """The warm-up wave: the profile's max_num_seqs short streams at once, and one prompt of
+        2.5 x max_num_batched_tokens (chunked prefill), within max_model_len."""
+        e, m = self.profile.engine, self.profile.model
+        plan = WarmUpPlan(streams=e.max_num_seqs, long_prompt_tokens=None)
+        if e.enable_chunked_prefill is not False:
+            chunk = e.max_num_batched_tokens or 2048
+            room = (m.max_model_len or 4096) - plan.max_tokens - 1
+            plan.long_prompt_tokens = max(1, min(chunk * 5 // 2, room))
+        return plan
 
     def _launch(self, name: str) -> RunningEngine:
         spec = self.engine_spec(name)
@@ -264,10 +284,12 @@ class Run:
             "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
             "stopped_monotonic_ns": None, "killed_pids": [],
             "stock_overlay": spec.pristine_files is not None,
+            "record_events": spec.record_events and spec.kind == "patched", "warm_up": None,
         }
         self.write_manifest()
         self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
                            f"{'limiter on' if spec.feature else 'limiter off'}, "
+                           f"{'' if spec.record_events or spec.kind != 'patched' else 'no engine events, '}"
                            f"{'async' if spec.async_scheduling else 'sync'} scheduling)")
         engine = launch_engine(spec, self.run_dir / "engines" / name)
         self.engines[name] = engine
@@ -276,17 +298,20 @@ class Run:
 
     def _ready(self, engines: list[RunningEngine], t0: float) -> None:
         wait_ready(engines, self.profile.startup_timeout_s, self.console)
+        plan = self.warm_up_plan()
         for engine in engines:
-            warm_up(engine)
+            result = warm_up(engine, plan)
             name = engine.spec.name
             entry = self.manifest["engines"][name]
+            entry["warm_up"] = asdict(result)
             entry["ready_monotonic_ns"] = time.monotonic_ns()
             if engine.events_path is not None:
                 entry["events_file"] = f"engines/{name}/events.rbev"
             self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=engine.spec.served_name,
                                         feature=engine.spec.feature, kind=engine.spec.kind)
             self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} "
-                               f"({time.monotonic() - t0:.0f} s)")
+                               f"({time.monotonic() - t0:.0f} s; warm-up {result.requests} requests, "
+                               f"{result.seconds:.1f} s{', timed out' if result.timed_out else ''})")
         self.write_manifest()
 
     def ensure_engines(self, names: list[str]) -> None:

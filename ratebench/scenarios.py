@@ -25,8 +25,10 @@ import httpx
 from ratebench.profiles import ANONYMOUS_USER, Profile, ScenarioSpec
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError
 
-# Engine roles: the engine with the limiter on, the same code with it off, stock vLLM.
+# Engine roles: the engine with the limiter on, the same with engine events off (overhead
+# only: what recording the events costs), the same code with the limiter off, stock vLLM.
 ROLE_FEATURE_ON = "patched"
+ROLE_NO_EVENTS = "patched-noevents"
 ROLE_FEATURE_OFF = "feature-off"
 ROLE_STOCK = "stock"
 
@@ -306,9 +308,14 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
 
 
 def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
-    """Limits never reached, feature off and stock vLLM, interleaved: output throughput of each."""
+    """Limits never reached, the same without engine events, feature off and stock vLLM, interleaved
+    round by round in a rotating order: output throughput of each.
+
+    The events-off engine runs in the first scheduling mode only (one engine more per mode costs
+    memory, or restarts where ``profile.max_engines`` is small)."""
     p = spec.params
-    role_names = {ROLE_FEATURE_ON: "feature-on", ROLE_FEATURE_OFF: "feature-off", ROLE_STOCK: "stock"}
+    role_names = {ROLE_FEATURE_ON: "feature-on", ROLE_NO_EVENTS: "feature-on-no-events",
+                  ROLE_FEATURE_OFF: "feature-off", ROLE_STOCK: "stock"}
 
     def phase_of(phase: str, role: str, rnd: int, mode: str):
         async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
@@ -319,10 +326,12 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
 
     plans = []
     for mode in spec.scheduling:
+        roles = [ROLE_FEATURE_ON, ROLE_FEATURE_OFF, ROLE_STOCK]
+        if mode == spec.scheduling[0]:
+            roles.insert(1, ROLE_NO_EVENTS)
         for rnd in range(p["rounds"]):
             # Rotate the order each round so no engine always goes first.
-            order = [ROLE_FEATURE_ON, ROLE_FEATURE_OFF, ROLE_STOCK]
-            order = order[rnd % 3:] + order[: rnd % 3]
+            order = roles[rnd % len(roles):] + roles[: rnd % len(roles)]
             for role in order:
                 phase = f"{role_names[role]}-{mode}-{rnd + 1}"
                 plans.append(PhasePlan(spec.name, phase, engine_name(role, mode), phase_of(phase, role, rnd, mode)))

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from rich.console import Console
 
-from ratebench.engine import EngineSpec, RunningEngine, group_members, start_engine
+from ratebench.engine import EngineSpec, RunningEngine, WarmUpPlan, group_members, start_engine, warm_up
 from ratebench.events import ENV_VAR, read_engine_events
 
 
@@ -76,8 +78,14 @@ def test_stop_is_quick_when_the_group_exits_on_sigint(tmp_path: Path) -> None:
 def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_path: Path, monkeypatch) -> None:
     from ratebench.profiles import load_profile
     from ratebench.runner import Run, RunOptions
+    from ratebench.scenarios import plan_scenario
 
-    for cap, expected_starts in ((1, None), (2, None), (4, 4)):
+    # cpu-tiny: patched sync and async, and for the overhead scenario (sync) the patched engine
+    # without events, feature off and stock: five engines.
+    plans = [p for spec in load_profile("cpu-tiny").scenarios for p in plan_scenario(spec)]
+    names = set(p.engine for p in plans)
+    assert names == {"patched-sync", "patched-async", "patched-noevents-sync", "feature-off-sync", "stock-sync"}
+    for cap in (1, 2, 4, 5):
         profile = load_profile("cpu-tiny")
         profile.max_engines = cap
         run = Run(profile, RunOptions(results_dir=tmp_path / str(cap)), Console(stderr=True))
@@ -90,19 +98,19 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
 
         monkeypatch.setattr(run, "ensure_engines", fake_ensure)
         monkeypatch.setattr(run, "stop", lambda name, run=run, **kw: run.engines.pop(name, None))
-        from ratebench.scenarios import plan_scenario
-
-        plans = [p for spec in profile.scenarios for p in plan_scenario(spec)]
         for k, plan in enumerate(plans):
             run.arrange_engines([p.engine for p in plans[k:]])
             assert plan.engine in run.engines
             assert len(run.engines) <= cap
-        if expected_starts is not None:
-            assert sum(len(s) for s in starts) == expected_starts  # each engine started once
-            assert len(starts[0]) == 4  # all of them together, up front
+        started = [n for batch in starts for n in batch]
+        if cap >= 4:
+            # each engine started once: all up front with room for all; else the last one
+            # when patched-async is done
+            assert sorted(started) == sorted(names)
+            assert len(starts[0]) == min(cap, len(names))
         else:
             # The overhead phases alternate engines: with fewer slots they restart.
-            assert sum(len(s) for s in starts) > 4
+            assert len(started) > len(names)
 
 
 # ---- against a real CPU engine ---------------------------------------------------------------
@@ -113,11 +121,14 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
 def test_engine_serves_records_events_and_stops_clean(
         tmp_path: Path, patched_vllm: str, tiny_model: Path, engine_lock: None) -> None:
     spec = _spec(model=str(tiny_model), flags=["--max-num-seqs", "4", "--max-num-active-seqs", "2",
-                                               "--max-model-len", "512", "--enforce-eager"],
+                                               "--max-num-batched-tokens", "128", "--max-model-len", "512",
+                                               "--enforce-eager"],
                  env={"VLLM_CPU_KVCACHE_SPACE": "1"}, default_tps=1000, user_tps={})
     engine = start_engine(spec, tmp_path / "engine", timeout_s=300, console=Console(stderr=True), grace_s=15)
     try:
         assert engine.events_path is not None
+        warmed = warm_up(engine, WarmUpPlan(streams=4, long_prompt_tokens=300))
+        assert warmed.requests == 2 + 4 + 1 and not warmed.timed_out
         r = httpx.post(f"{engine.endpoint}/v1/completions", timeout=60,
                        json={"model": "tiny-qwen3", "prompt": "Hello", "max_tokens": 5, "ignore_eos": True,
                              "vllm_xargs": {"output_rate_user": "user-a"}},
@@ -137,6 +148,21 @@ def test_engine_serves_records_events_and_stops_clean(
     finishes = finishes[finishes["req"] == first]
     assert len(finishes) == 1 and int(finishes["count"][0]) == 5
     assert ENV_VAR not in os.environ
+    _check_warm_up_wave(events, "patched-sync", streams=4, max_tokens=WarmUpPlan(0, None).max_tokens)
+
+
+def _check_warm_up_wave(events, engine: str, *, streams: int, max_tokens: int) -> None:
+    """The wave's streams (the warm-up requests after the two single ones) ran to their end, several
+    of them in one batch."""
+    number = re.compile(rf"warmup-{re.escape(engine)}-([0-9]+)")
+    wave = [i for i, s in enumerate(events.strings) if (m := number.search(s)) and int(m.group(1)) >= 2]
+    assert len(wave) == streams + 1  # the short streams and the long prompt
+    fin = events.of_kind(3)
+    fin = fin[np.isin(fin["req"], wave)]
+    assert len(fin) == streams + 1 and set(fin["count"].tolist()) == {max_tokens}
+    emits = events.of_kind(2)
+    _, per_step = np.unique(emits[np.isin(emits["req"], wave)]["t_ns"], return_counts=True)
+    assert per_step.max() >= 2, "the wave's streams ran in one batch"
 
 
 ATTACH_PROFILE = """
