@@ -268,11 +268,12 @@ _EXIT_VERIFY_UNUSABLE = 2
 
 def _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
                 stream_spread_max, jain_min, emit_tolerance_ms, isolation_ttft_factor=2.0,
-                isolation_ttft_slack_ms=50.0):
+                isolation_ttft_slack_ms=50.0, max_event_overhead=None):
     from ratebench.analysis import Thresholds
 
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
-                      max_overhead=max_overhead, cancel_max_steps=cancel_max_steps,
+                      max_overhead=max_overhead, max_event_overhead=max_event_overhead,
+                      cancel_max_steps=cancel_max_steps,
                       stream_spread_max=stream_spread_max, jain_min=jain_min,
                       emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6),
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -287,7 +288,12 @@ _OPT_ISO_TTFT = typer.Option("--isolation-ttft-factor", help="its p50 time to fi
                                                                 "at most this x alone + --isolation-ttft-slack-ms")
 _OPT_ISO_TTFT_SLACK = typer.Option("--isolation-ttft-slack-ms", help="added to the allowed p50 time to first token")
 _OPT_OVERHEAD = typer.Option("--max-overhead", help="fail when 1 - throughput(feature-on)/throughput(off or stock) "
-                                                     "exceeds this (default: report only)")
+                                                     "(the median of the per-round ratios) exceeds this "
+                                                     "(default: report only)")
+_OPT_EVENT_OVERHEAD = typer.Option("--max-event-overhead", help="fail when 1 - throughput(feature-on)/throughput("
+                                                                 "feature-on without engine events) (the median of "
+                                                                 "the per-round ratios) exceeds this "
+                                                                 "(default: report only)")
 _OPT_CANCEL = typer.Option("--cancel-max-steps", help="emit events of a cancelled request after the cancel")
 _OPT_SPREAD = typer.Option("--stream-spread-max", help="tokens between one user's streams while all are active")
 _OPT_JAIN = typer.Option("--jain-min", help="Jain's index across backlogged users with equal limits")
@@ -304,6 +310,7 @@ def verify_bound_cmd(
     isolation_ttft_factor: _VAnnotated[float, _OPT_ISO_TTFT] = 2.0,
     isolation_ttft_slack_ms: _VAnnotated[float, _OPT_ISO_TTFT_SLACK] = 50.0,
     max_overhead: _VAnnotated[float | None, _OPT_OVERHEAD] = None,
+    max_event_overhead: _VAnnotated[float | None, _OPT_EVENT_OVERHEAD] = None,
     cancel_max_steps: _VAnnotated[int, _OPT_CANCEL] = 1,
     stream_spread_max: _VAnnotated[int, _OPT_SPREAD] = 2,
     jain_min: _VAnnotated[float, _OPT_JAIN] = 0.95,
@@ -323,7 +330,8 @@ def verify_bound_cmd(
 
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     th = _thresholds(delivery_min, isolation_min, isolation_gap_max, max_overhead, cancel_max_steps,
-                     stream_spread_max, jain_min, emit_tolerance_ms, isolation_ttft_factor, isolation_ttft_slack_ms)
+                     stream_spread_max, jain_min, emit_tolerance_ms, isolation_ttft_factor, isolation_ttft_slack_ms,
+                     max_event_overhead)
     try:
         result = analyse_run(run_dir, th)
     except RunFolderError as exc:

@@ -137,6 +137,7 @@ class SimEngine:
     name: str
     kind: str = "patched"  # "patched" | "stock"
     feature: bool = True
+    record_events: bool = True  # a patched engine's event file (stock vLLM never has one)
     default_tps: int | None = 100
     user_tps: dict[str, int] = field(default_factory=dict)
     limiter: str = "gcra"
@@ -156,7 +157,7 @@ class SimEngine:
 
     @property
     def records_events(self) -> bool:
-        return self.kind == "patched"
+        return self.kind == "patched" and self.record_events
 
 
 def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
@@ -352,11 +353,44 @@ def standard_run(run_dir: str | Path, *, limiter: str = "gcra", max_tokens: int 
                  reqs("user-b", 1, ignore_eos=False, eos_after=max_tokens // 3)),
     ]
     if overhead:
-        engines += [SimEngine("patched-off", feature=False, default_tps=None),
-                    SimEngine("stock", kind="stock", feature=False, default_tps=None)]
-        for role, eng, lim in (("feature-on", "patched-sync", 100000), ("feature-off", "patched-off", None),
-                               ("stock", "stock", None)):
-            phases.append(SimPhase("overhead", "overhead", role, eng, role,
-                                   {"bulk": {"limit_tps": lim, "streams": 4, "backlogged": False}},
-                                   reqs("bulk", 4), {"max_tokens": max_tokens}))
+        roles = overhead_engines(patched)
+        engines += [e for e in roles.values() if e is not patched]
+        phases += overhead_phases(roles, cid, max_tokens=max_tokens)
     return write_run_folder(run_dir, engines, phases, state=state, seed=seed)
+
+
+OVERHEAD_USER = "bulk"
+
+
+def overhead_engines(feature_on: SimEngine) -> dict[str, SimEngine]:
+    """The overhead scenario's roles: ``feature_on`` (its limits never reached by OVERHEAD_USER), the
+    same without engine events, the limiter off, and stock vLLM."""
+    off = dict(default_tps=None, user_tps={})
+    return {
+        "feature-on": feature_on,
+        "feature-on-no-events": SimEngine("patched-noevents-sync", default_tps=feature_on.default_tps,
+                                          user_tps=dict(feature_on.user_tps), record_events=False),
+        "feature-off": SimEngine("feature-off-sync", feature=False, **off),
+        "stock": SimEngine("stock-sync", kind="stock", feature=False, **off),
+    }
+
+
+def overhead_phases(engines: dict[str, SimEngine], new_id, *, rounds: int = 2, streams: int = 4,
+                    max_tokens: int = 100, step_ns: dict[tuple[str, int], int] | None = None) -> list[SimPhase]:
+    """The overhead scenario's phases as ``ratebench run`` plans them: one per role and round, the
+    order rotating each round. ``new_id()`` gives client ids; ``step_ns[(role, round)]`` slows (or
+    speeds up) that one phase's engine steps."""
+    roles = list(engines)
+    phases = []
+    for rnd in range(1, rounds + 1):
+        k = (rnd - 1) % len(roles)
+        for role in roles[k:] + roles[:k]:
+            eng = engines[role]
+            limit = eng.user_tps.get(OVERHEAD_USER, eng.default_tps) if eng.feature else None
+            phases.append(SimPhase(
+                "overhead", "overhead", f"{role}-sync-{rnd}", eng.name, role,
+                {OVERHEAD_USER: {"limit_tps": limit, "streams": streams, "backlogged": False}},
+                [SimRequest(new_id(), OVERHEAD_USER, i, max_tokens) for i in range(streams)],
+                {"max_tokens": max_tokens, "round": rnd, "scheduling": "sync"},
+                step_ns=(step_ns or {}).get((role, rnd))))
+    return phases

@@ -33,3 +33,11 @@ def edit_manifest(run_dir: Path, edit) -> None:
     m = json.loads(path.read_text())
     edit(m)
     path.write_text(json.dumps(m))
+
+
+def edit_scenarios(run_dir: Path, edit) -> None:
+    """Apply ``edit(phases)`` to scenarios.json (a list of dicts) in place."""
+    path = Path(run_dir) / "scenarios.json"
+    phases = json.loads(path.read_text())
+    edit(phases)
+    path.write_text(json.dumps(phases))

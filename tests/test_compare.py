@@ -34,3 +34,19 @@ def test_compare_of_an_unusable_run_exits_2(tmp_path):
     a = one_phase_run(tmp_path / "a")
     result = CliRunner().invoke(app, ["compare", str(a), str(tmp_path / "nothing")])
     assert result.exit_code == 2
+
+
+def test_compare_puts_overhead_ratios_and_engine_steps_side_by_side(tmp_path):
+    from ratebench.synth import standard_run
+
+    a = analyse_run(standard_run(tmp_path / "a")).verdict
+    b = analyse_run(standard_run(tmp_path / "b", seed=1)).verdict
+    c = compare_verdicts(a, b)
+    ratios = {x.where: x for x in c.lines if x.figure == "median round ratio"}
+    assert set(ratios) == {f"overhead/{p}" for p in a.overheads[0].paired}
+    assert "overhead/feature-on/feature-on-no-events" in ratios
+    line = ratios["overhead/feature-on/feature-off"]
+    assert line.a == a.overheads[0].paired["feature-on/feature-off"].median
+    assert line.b == b.overheads[0].paired["feature-on/feature-off"].median
+    steps = {x.where for x in c.lines if x.figure == "engine step p50 ms"}
+    assert steps == {"overhead/feature-on", "overhead/feature-off"}

@@ -191,13 +191,14 @@ def test_run_completes_and_writes_the_run_folder(small_run) -> None:
     assert len(stamp) == len("20260101T000000Z") and stamp.endswith("Z") and len(run_id) == 8
     for name in ("manifest.json", "scenarios.json", "requests.jsonl"):
         assert (run_dir / name).is_file()
-    engines = {"patched-sync", "feature-off-sync", "stock-sync"}
+    engines = {"patched-sync", "patched-noevents-sync", "feature-off-sync", "stock-sync"}
     assert {p.name for p in (run_dir / "engines").iterdir()} == engines
     for name in engines:
         assert (run_dir / "engines" / name / "engine.log").stat().st_size > 0
-    for name in engines - {"stock-sync"}:
+    for name in engines - {"stock-sync", "patched-noevents-sync"}:
         assert (run_dir / "engines" / name / "events.rbev").is_file()
     assert not (run_dir / "engines" / "stock-sync" / "events.rbev").exists()  # stock vLLM records nothing
+    assert not (run_dir / "engines" / "patched-noevents-sync" / "events.rbev").exists()  # events off
     stock_log = (run_dir / "engines" / "stock-sync" / "engine.log").read_text()
     assert "output-rate" not in stock_log and "output_rate" not in stock_log
     assert "output-rate engine events" in (run_dir / "engines" / "patched-sync" / "engine.log").read_text()
@@ -218,10 +219,15 @@ def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
     assert e["patched-sync"]["feature"] and e["patched-sync"]["default_tps"] == 200
     assert "--default-user-output-tokens-per-second" in e["patched-sync"]["flags"]
     assert not any("output-tokens-per-second" in f for f in e["stock-sync"]["flags"])
-    # Same engine flags for the three overhead engines, apart from the limiter's.
+    # Same engine flags for the four overhead engines, apart from the limiter's.
     assert e["stock-sync"]["flags"] == e["feature-off-sync"]["flags"] == _without_limiter(e["patched-sync"]["flags"])
+    assert e["patched-noevents-sync"]["flags"] == e["patched-sync"]["flags"]
     assert e["patched-sync"]["events_file"] == "engines/patched-sync/events.rbev"
-    assert e["stock-sync"]["events_file"] is None
+    assert e["stock-sync"]["events_file"] is None and e["patched-noevents-sync"]["events_file"] is None
+    assert e["patched-sync"]["record_events"] and not e["patched-noevents-sync"]["record_events"]
+    # every engine ran the warm-up: two single requests, then max_num_seqs short streams and a long one
+    for engine in e.values():
+        assert engine["warm_up"]["requests"] == 2 + 8 + 1 and not engine["warm_up"]["timed_out"]
 
 
 def test_no_engine_process_outlives_the_run_and_the_patch_is_back(small_run) -> None:
@@ -242,13 +248,18 @@ def test_every_scenario_kind_ran_with_its_phases_and_roles(small_run) -> None:
     assert seed == [("1-stream", "patched-sync"), ("2-streams", "patched-sync")]
     roles = collections.Counter((p["kind"], p["role"]) for p in phases)
     assert roles[("isolation", "baseline")] == 1 and roles[("isolation", "shared")] == 1
-    assert {r for (k, r) in roles if k == "overhead"} == {"feature-on", "feature-off", "stock"}
+    assert {r for (k, r) in roles if k == "overhead"} == {"feature-on", "feature-on-no-events", "feature-off", "stock"}
     over = {p["role"]: p for p in phases if p["kind"] == "overhead"}
     assert over["feature-on"]["users"]["bulk"]["limit_tps"] == 1000000
+    assert over["feature-on-no-events"]["users"]["bulk"]["limit_tps"] == 1000000
+    assert over["feature-on-no-events"]["engine"] == "patched-noevents-sync"
     assert over["stock"]["users"]["bulk"]["limit_tps"] is None and over["stock"]["engine"] == "stock-sync"
     anon = next(p for p in phases if p["kind"] == "anonymous-and-spoofing")
     assert list(anon["users"]) == [ANONYMOUS_USER] and anon["users"][ANONYMOUS_USER]["limit_tps"] == 200
     assert all(p["start_ns"] <= p["end_ns"] for p in phases)
+
+
+ENGINES_WITHOUT_EVENTS = ("stock-sync", "patched-noevents-sync")
 
 
 def _records(outcome):
@@ -279,9 +290,20 @@ def test_every_finished_stream_reconciles_with_the_engine(small_run) -> None:
         assert r.completion_tokens == r.streamed_tokens, r.client_id
         if r.ignore_eos:
             assert r.completion_tokens == r.max_tokens and r.finish_reason == "length"
-        if r.engine != "stock-sync":
+        if r.engine not in ENGINES_WITHOUT_EVENTS:
             reason, total, _ = finishes[r.client_id]
             assert total == r.completion_tokens, r.client_id
+
+
+def test_the_verdict_pairs_every_overhead_role_round_by_round(small_run) -> None:
+    from ratebench.verify import analyse_run
+
+    outcome, _ = small_run
+    (o,) = analyse_run(outcome.run_dir).verdict.overheads
+    assert set(o.paired) == {"feature-on/feature-off", "feature-on/stock", "feature-off/stock",
+                             "feature-on/feature-on-no-events"}
+    assert all(p.rounds == 1 for p in o.paired.values())
+    assert set(o.step_p50_ns) == {"feature-on", "feature-off"}  # the engines that record events
 
 
 def test_cancelled_streams_are_aborted_in_the_engine(small_run) -> None:
@@ -301,7 +323,7 @@ def test_users_reach_the_engine_as_sent_and_the_openai_user_field_changes_nothin
     outcome, _ = small_run
     finishes = _finishes(outcome)
     for r in _records(outcome):
-        if r.engine == "stock-sync":
+        if r.engine in ENGINES_WITHOUT_EVENTS:
             continue
         _, _, engine_user = finishes[r.client_id]
         if r.engine == "feature-off-sync":

@@ -21,6 +21,7 @@ from ratebench.analysis.compare import Comparison, compare_verdicts
 from ratebench.analysis.fairness import jain_index, stream_spread
 from ratebench.analysis.gaps import GapStats, gap_stats, gaps_merged, gaps_per_request
 from ratebench.analysis.load import RunData, RunFolderError, load_run
+from ratebench.analysis.overhead import paired_ratio
 from ratebench.analysis.rates import RateFigures, burst_tokens, rate_figures
 from ratebench.analysis.reconcile import (
     EngineRequestView,
@@ -33,6 +34,7 @@ from ratebench.analysis.verdict import (
     Check,
     EngineUserBound,
     OverheadSummary,
+    PairedRatio,
     Thresholds,
     UserPhaseSummary,
     Verdict,
@@ -50,6 +52,7 @@ __all__ = [
     "Comparison", "compare_verdicts", "jain_index", "stream_spread", "GapStats", "gap_stats", "gaps_merged",
     "gaps_per_request", "RunData", "RunFolderError", "load_run", "RateFigures", "burst_tokens", "rate_figures",
     "delivery_ratio", "EngineRequestView", "RequestCheck", "engine_request_totals", "reconcile_request",
-    "EngineStep", "estimate_engine_step", "Check", "EngineUserBound", "OverheadSummary", "Thresholds",
+    "EngineStep", "estimate_engine_step", "Check", "EngineUserBound", "OverheadSummary", "PairedRatio",
+    "paired_ratio", "Thresholds",
     "UserPhaseSummary", "Verdict",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.load import RunData
+from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_ON
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
 
@@ -181,18 +182,30 @@ def _ttft_check(base: UserPhaseSummary, shared: UserPhaseSummary, th: Thresholds
 
 
 def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
+    """feature-on against each other role: 1 - the median of the per-round throughput ratios."""
     out = []
     for o in s.overheads:
-        for pair, ratio in o.ratios.items():
-            if not pair.startswith("feature-on/"):
+        for pair, pooled in o.ratios.items():
+            if not pair.startswith(f"{ROLE_ON}/"):
                 continue
-            overhead = 1 - ratio
-            passed = None if th.max_overhead is None else overhead <= th.max_overhead
             a, b = pair.split("/")
-            out.append(Check("overhead", o.scenario, pair, "*", None, round(overhead, 4), th.max_overhead, "<=",
-                             "fraction", passed,
-                             f"throughput {a} {o.throughput_tps[a]:.1f} tok/s vs {b} {o.throughput_tps[b]:.1f} tok/s "
-                             f"(ratio {ratio:.3f})"))
+            paired = o.paired.get(pair)
+            ratio = paired.median if paired is not None else pooled
+            overhead = 1 - ratio
+            name, limit = ("event-recording", th.max_event_overhead) if pair == EVENTS_PAIR else \
+                ("overhead", th.max_overhead)
+            passed = None if limit is None else overhead <= limit
+            if paired is not None:
+                text = (f"median of {paired.rounds} per-round throughput ratios {a}/{b} {paired.median:.3f} "
+                        f"(spread {paired.min:.3f}..{paired.max:.3f}), pooled {pooled:.3f}")
+            else:
+                text = f"no round ran both: pooled ratio {pooled:.3f}"
+            text += f"; throughput over all rounds {a} {o.throughput_tps[a]:.1f} vs {b} {o.throughput_tps[b]:.1f} tok/s"
+            if a in o.step_p50_ns and b in o.step_p50_ns:
+                text += (f"; engine step p50 {o.step_p50_ns[a] / 1e6:.3f} ms vs "
+                         f"{o.step_p50_ns[b] / 1e6:.3f} ms")
+            out.append(Check(name, o.scenario, pair, "*", None, round(overhead, 4), limit, "<=", "fraction", passed,
+                             text))
     return out
 
 

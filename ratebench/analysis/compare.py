@@ -71,6 +71,10 @@ def _row_figures(r: UserPhaseSummary) -> list[tuple[str, float | None]]:
     ]
 
 
+def _ms(ns: float | None) -> float | None:
+    return None if ns is None else ns / 1e6
+
+
 def compare_verdicts(a: Verdict, b: Verdict) -> Comparison:
     """Match rows by (scenario, phase, engine, user), else by (scenario, phase, user) when unique."""
     out = Comparison(a.run_dir, b.run_dir, a.passed, b.passed)
@@ -102,6 +106,13 @@ def compare_verdicts(a: Verdict, b: Verdict) -> Comparison:
         for role, tput in oa.throughput_tps.items():
             out.lines.append(CompareLine(f"{oa.scenario}/{role}", "*", "*", "throughput tok/s", tput,
                                          ob.throughput_tps.get(role) if ob else None))
+            if role in oa.step_p50_ns or (ob and role in ob.step_p50_ns):
+                out.lines.append(CompareLine(f"{oa.scenario}/{role}", "*", "*", "engine step p50 ms",
+                                             _ms(oa.step_p50_ns.get(role)), _ms(ob.step_p50_ns.get(role)) if ob else None))
+        for pair, pa in oa.paired.items():
+            pb = ob.paired.get(pair) if ob else None
+            out.lines.append(CompareLine(f"{oa.scenario}/{pair}", "*", "*", "median round ratio", pa.median,
+                                         pb.median if pb else None))
     for name, step in a.engine_steps.items():
         sb = b.engine_steps.get(name)
         if step.samples or (sb and sb.samples):

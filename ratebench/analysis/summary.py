@@ -17,6 +17,7 @@ from ratebench.analysis.bound import bound_result, check_bound_grouped
 from ratebench.analysis.fairness import stream_spread
 from ratebench.analysis.gaps import gap_stats, gaps_merged, gaps_per_request
 from ratebench.analysis.load import RunData
+from ratebench.analysis.overhead import overhead_summaries
 from ratebench.analysis.rates import rate_figures
 from ratebench.analysis.reconcile import (
     NO_TIME,
@@ -35,7 +36,6 @@ from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
 FINISH_STOP, FINISH_LENGTH = 1, 2  # events.FINISH_REASONS codes
 
 ANONYMOUS = "__anonymous__"
-OVERHEAD_ROLES = ("feature-on", "feature-off", "stock")
 
 
 @dataclass
@@ -76,7 +76,7 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
         summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     _summarize_clients(run, summary, thresholds, phase_of)
-    summary.overheads = _overheads(run, phase_of)
+    summary.overheads = overhead_summaries(run, phase_of)
     summary.stage_s["client records"] = time.perf_counter() - t0
     return summary
 
@@ -499,31 +499,3 @@ class _ClientChunks:
         within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         pos = self.starts[record] + within
         return self.t[pos], self.tokens[pos], record
-
-
-def _overheads(run: RunData, phase_of: dict) -> list[OverheadSummary]:
-    out: list[OverheadSummary] = []
-    scenarios = {p.scenario for p in run.phases if p.role in OVERHEAD_ROLES}
-    for scen in sorted(scenarios):
-        tokens = {role: 0 for role in OVERHEAD_ROLES}
-        span = {role: 0 for role in OVERHEAD_ROLES}
-        for p in run.phases:
-            if p.scenario != scen or p.role not in OVERHEAD_ROLES:
-                continue
-            recs = [r for r in run.records if phase_of.get((r.scenario, r.phase, r.engine)) == p.index and r.chunk_ns]
-            if not recs:
-                continue
-            tokens[p.role] += sum(r.streamed_tokens for r in recs)
-            # Output throughput as serving benchmarks define it: tokens over the
-            # phase's duration, from the first request sent to the last token
-            # received (a first-to-last-token span would leave out the time to
-            # first token, and reward a stall followed by a burst).
-            first_ns = min(r.sent_ns if r.sent_ns is not None else r.chunk_ns[0] for r in recs)
-            span[p.role] += max(r.chunk_ns[-1] for r in recs) - first_ns
-        tput = {role: tokens[role] * 1e9 / span[role] for role in OVERHEAD_ROLES if span[role] > 0}
-        ratios = {}
-        for a, b in (("feature-on", "feature-off"), ("feature-on", "stock"), ("feature-off", "stock")):
-            if a in tput and b in tput and tput[b] > 0:
-                ratios[f"{a}/{b}"] = tput[a] / tput[b]
-        out.append(OverheadSummary(scen, tput, {k: v for k, v in tokens.items() if k in tput}, ratios))
-    return out

@@ -20,7 +20,10 @@ class Thresholds:
     # its p50 time to first token shared <= factor * baseline + slack (client side)
     isolation_ttft_factor: float = 2.0
     isolation_ttft_slack_ns: int = 50_000_000
-    max_overhead: float | None = None  # 1 - throughput(feature-on) / throughput(other) (None: report only)
+    # 1 - the median per-round throughput(feature-on) / throughput(feature off or stock) (None: report only)
+    max_overhead: float | None = None
+    # 1 - the median per-round throughput(feature-on) / throughput(feature-on, no engine events)
+    max_event_overhead: float | None = None
     cancel_max_steps: int = 1  # emit events of a cancelled request after the cancel
     stream_spread_max: int = 2  # tokens between one user's streams while all are active
     jain_min: float = 0.95  # Jain's index across backlogged users with equal limits
@@ -99,11 +102,28 @@ class EngineUserBound:
 
 
 @dataclass
+class PairedRatio:
+    """throughput(a) / throughput(b) for one pair of overhead roles, round by round."""
+
+    median: float  # of the per-round ratios: the figure the checks use
+    min: float
+    max: float
+    rounds: int  # rounds in which both roles ran
+    pooled: float  # all tokens / all time of a, over the same of b
+    per_round: dict[str, float]  # round ("sync-1", ...) -> ratio
+
+
+@dataclass
 class OverheadSummary:
     scenario: str
     throughput_tps: dict[str, float]  # role -> total tokens / summed phase durations (first sent to last token)
     tokens: dict[str, int]
-    ratios: dict[str, float]  # "feature-on/feature-off", ...
+    ratios: dict[str, float]  # "feature-on/feature-off", ... -> pooled ratio (throughput_tps a / b)
+    paired: dict[str, PairedRatio] = field(default_factory=dict)  # the same pairs, round by round
+    round_throughput_tps: dict[str, dict[str, float]] = field(default_factory=dict)  # round -> role -> tok/s
+    # role -> median over its phases of the phase's median time from one engine step to the next
+    # (emit to emit); roles whose engine records events only
+    step_p50_ns: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

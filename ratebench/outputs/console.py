@@ -28,6 +28,10 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
     for name, step in verdict.engine_steps.items():
         longest = f"{step.longest_ns / 1e6:.2f} ms" if step.samples else "n/a"
         console.print(f"engine {name}: longest step (dispatch-to-emit) {longest} ({step.method})")
+    for o in verdict.overheads:
+        for pair, p in o.paired.items():
+            console.print(f"{o.scenario} {pair}: throughput ratio, median per round {p.median:.3f} "
+                          f"(spread {p.min:.3f}..{p.max:.3f} over {p.rounds} rounds), pooled {o.ratios[pair]:.3f}")
     for w in verdict.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for c in verdict.failures:

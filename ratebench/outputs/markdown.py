@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ratebench._io import atomic_write_text
 from ratebench.analysis.compare import Comparison
-from ratebench.analysis.verdict import Verdict
+from ratebench.analysis.verdict import OverheadSummary, Verdict
 from ratebench.outputs.format import ROW_COLUMNS, check_where, row_cells
 
 DEFINITIONS = """\
@@ -49,8 +49,14 @@ DEFINITIONS = """\
   token-carrying chunk minus the send time (client; engine side: the first emit event minus the
   send time); its p50 beside the neighbour must be at most `isolation_ttft_factor` x the p50
   alone + `isolation_ttft_slack_ns` (defaults 2 x + 50 ms).
-- **Overhead**: 1 - throughput(feature-on) / throughput(other), throughput = client tokens /
-  (last chunk - first chunk) summed over the role's phases.
+- **Overhead**: the overhead scenario runs its roles (feature-on: limits never reached;
+  feature-on-no-events: the same without engine events; feature-off; stock vLLM) interleaved,
+  one phase each per round. A phase's throughput = its client tokens / (last token received -
+  first request sent). Per pair and round, the ratio of the two roles' throughputs; the figure
+  is 1 - the median of those ratios (`overhead` against feature-off and stock,
+  `event-recording` against feature-on-no-events), shown with their spread (min..max) and the
+  pooled ratio (all tokens / all time of each role). **Engine step p50**: the median over a
+  role's phases of the median time from one engine step's emit events to the next's.
 - **Stream fairness**: the largest difference between one user's streams' token counts
   (counted from when the last stream started) while all of them are active.
 - **Jain's index**: `(sum x)^2 / (n sum x^2)` of the steady rates of backlogged users with equal limits.
@@ -123,13 +129,8 @@ def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_d
                            "allowed", "slack", "result"], rows))
     if v.overheads:
         out.append("\n## Overhead\n\n")
-        rows = []
         for o in v.overheads:
-            for role, t in o.throughput_tps.items():
-                rows.append((o.scenario, role, o.tokens.get(role), f"{t:.1f}"))
-            for pair, ratio in o.ratios.items():
-                rows.append((o.scenario, pair, "", f"ratio {ratio:.3f}"))
-        out.append(_table(["scenario", "role", "tokens", "throughput tok/s"], rows))
+            out.append(_overhead_tables(o))
     out.append("\n## Checks\n\n")
     order = {"fail": 0, "pass": 1, "info": 2}
     checks = sorted(v.checks, key=lambda c: order[c.status])
@@ -143,6 +144,32 @@ def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_d
             out.append(f"![{Path(p).stem}]({rel})\n\n")
     out.append("\n## Definitions\n\n" + DEFINITIONS)
     return "".join(out)
+
+
+def _overhead_tables(o: OverheadSummary) -> str:
+    """Per pair the per-round ratios' median and spread beside the pooled ratio; per role and round
+    the throughput."""
+    rows = [(pair, f"{p.median:.3f}", f"{p.min:.3f}..{p.max:.3f}", p.rounds, f"{o.ratios[pair]:.3f}",
+             " ".join(f"{r}: {x:.3f}" for r, x in p.per_round.items()))
+            for pair, p in o.paired.items()]
+    rows += [(pair, "-", "-", 0, f"{ratio:.3f}", "") for pair, ratio in o.ratios.items() if pair not in o.paired]
+    text = f"Scenario `{o.scenario}`: throughput ratios, paired round by round.\n\n"
+    text += _table(["pair", "median", "spread", "rounds", "pooled", "per round"], rows)
+    rounds = list(o.round_throughput_tps)
+    roles = list(o.throughput_tps)
+    role_rows = []
+    for role in roles:
+        step = o.step_p50_ns.get(role)
+        role_rows.append((role, o.tokens.get(role), f"{o.throughput_tps[role]:.1f}",
+                          "-" if step is None else f"{step / 1e6:.3f}",
+                          *(_fmt_tps(o.round_throughput_tps[r].get(role)) for r in rounds)))
+    text += "\nThroughput in tok/s (all rounds pooled, then each round); engine step p50 in ms.\n\n"
+    text += _table(["role", "tokens", "pooled", "engine step p50", *rounds], role_rows)
+    return text
+
+
+def _fmt_tps(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def write_report(verdict: Verdict, path: str | Path, plot_paths: list[Path] | None = None) -> Path:
