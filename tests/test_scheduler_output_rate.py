@@ -339,6 +339,29 @@ def test_a_woken_request_keeps_its_turn_ahead_of_requests_admitted_while_it_was_
     assert len(out.num_scheduled_tokens) == 4
 
 
+def test_a_charged_waiting_request_preempts_parked_requests_for_kv_and_an_uncharged_one_does_not():
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"b": 1000}, num_blocks=10, block_size=16, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    a = [make_request(f"a{i}", user="a", prompt_len=40, max_tokens=100) for i in range(3)]
+    e.add(*a)
+    e.run_for_s(0.05)  # three blocks each: the cache is full, and all three are parked
+    assert all(r.output_rate_parked for r in a)
+    late_a = make_request("a3", user="a", prompt_len=40, max_tokens=100)
+    e.add(late_a)
+    out = e.step()  # a3's prefill would not be charged (one short): it waits, nothing is preempted
+    assert not out.preempted_req_ids and "a3" not in out.num_scheduled_tokens
+    b = make_request("b", user="b", prompt_len=40, max_tokens=100)
+    e.add(b)
+    # a3, ahead of b in the queue, does not fit and is passed over; b is charged and needs three
+    # blocks: the parked request that arrived last goes.
+    out = e.step()
+    assert out.preempted_req_ids == {"a2"}
+    assert out.num_scheduled_tokens["b"] == 40
+    assert a[2].status.name == "PREEMPTED" and not a[2].output_rate_parked
+    assert s.get_request_counts() == (3, 2)  # a0, a1 parked and b running; a2 and a3 waiting
+
+
 def test_parked_request_can_be_aborted_and_reset_preempts_parked_requests():
     from vllm.v1.request import RequestStatus
 

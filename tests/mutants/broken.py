@@ -176,8 +176,23 @@ class HalfRate(Mutant):
         limiter.user_tokens_per_second = {u: max(1, n // 2) for u, n in limiter.user_tokens_per_second.items()}
 
 
+class NoWaitingPreemption(Mutant):
+    """The waiting loop never preempts, as upstream's: a neighbour's new request that needs KV
+    waits while a throttled user's parked requests keep theirs idle. (The running loop still
+    preempts parked requests first.)"""
+
+    name = "no-waiting-preemption"
+
+    def apply(self, scheduler) -> None:
+        from vllm.v1.request import RequestStatus
+
+        pick = scheduler._output_rate_victim
+        # The waiting loop asks on behalf of a waiting request, the running loop of a running one.
+        scheduler._output_rate_victim = lambda request: pick(request) if request.status == RequestStatus.RUNNING else None
+
+
 MUTANTS: dict[str, type[Mutant]] = {
     m.name: m
     for m in (Burst1s, BudgetPerRequest, RollingWindow1s, NoRefund, ChargeEveryPrefillChunk, ThrottledCountActive,
-              NeverThrottle, HalfRate)
+              NeverThrottle, HalfRate, NoWaitingPreemption)
 }
