@@ -132,6 +132,37 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def groups_cpu_s(pgids: set[int]) -> float:
+    """CPU seconds (user + system) the live processes of these process groups have used, from /proc."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                rest = f.read()
+        except OSError:
+            continue
+        rest = rest[rest.rfind(b")") + 2 :].split()  # state ppid pgrp ... utime (11) stime (12)
+        if len(rest) > 12 and int(rest[2]) in pgids:
+            total += int(rest[11]) + int(rest[12])
+    return total / _CLK_TCK
+
+
+def machine_busy_cpu_s() -> float:
+    """CPU seconds every CPU of the machine has spent busy (not idle, not waiting for I/O) since boot."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = sum(fields[3:5])  # idle, iowait
+    return (sum(fields[:8]) - idle) / _CLK_TCK  # user nice system idle iowait irq softirq steal
+
+
 # ---- stock vLLM beside the patched install ---------------------------------------------
 # Every Python process of the stock engine (API server, EngineCore, workers; spawned
 # or forked) runs this sitecustomize first (PYTHONPATH). It puts a finder in front

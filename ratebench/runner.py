@@ -37,7 +37,9 @@ from ratebench.engine import (
     EngineSpec,
     RunningEngine,
     WarmUpPlan,
+    groups_cpu_s,
     launch_engine,
+    machine_busy_cpu_s,
     wait_ready,
     warm_up,
 )
@@ -314,6 +316,13 @@ class Run:
                                f"{result.seconds:.1f} s{', timed out' if result.timed_out else ''})")
         self.write_manifest()
 
+    def cpu_probe(self) -> tuple[float, float]:
+        """(CPU-seconds the machine has been busy, CPU-seconds this run's processes have used): the
+        driver and every engine it runs. Their difference over a phase is what other processes took."""
+        own = os.times()
+        engines = groups_cpu_s({e.pgid for e in self.engines.values()}) if self.engines else 0.0
+        return machine_busy_cpu_s(), own.user + own.system + engines
+
     def ensure_engines(self, names: list[str]) -> None:
         """Start the engines not running yet, all at once, and wait until they serve."""
         missing = [n for n in dict.fromkeys(names) if n not in self.engines]
@@ -425,7 +434,7 @@ class Run:
                 current = spec.name
                 self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
             ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, on_phase=self.on_phase,
-                                  model_dir=self.model_dir)
+                                  model_dir=self.model_dir, cpu_probe=self.cpu_probe)
             asyncio.run(plan.run(ctx, self.refs[plan.engine]))
             later = {p.engine for _, p in plans[k + 1:]}
             for name in list(self.engines):

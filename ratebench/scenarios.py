@@ -62,6 +62,9 @@ class PhaseRecord:
     users: dict[str, dict[str, Any]]
     role: str = "measure"
     params: dict[str, Any] = field(default_factory=dict)
+    # CPUs in use on average over the phase (CPU-seconds per second): "busy" all processes, "run" this
+    # run's (driver and engines), "other" the rest; None when not measured
+    machine_cpu: dict[str, float] | None = None
 
 
 @dataclass
@@ -71,6 +74,8 @@ class ScenarioContext:
     driver: Driver
     on_phase: Callable[[PhaseRecord], None]  # called as each phase ends
     model_dir: Path | None = None  # the model folder, when local (for the EOS token id)
+    # () -> (CPU-seconds the machine has been busy, CPU-seconds this run's processes used), both so far
+    cpu_probe: Callable[[], tuple[float, float]] | None = None
 
     def limit_of(self, engine: EngineRef, user: str | None) -> int | None:
         return self.profile.limits.limit_of(user) if engine.feature else None
@@ -93,12 +98,15 @@ class ScenarioContext:
                              params={**self.spec.params, **(params or {})})
         for user, info in users.items():
             record.users[user] = {"limit_tps": limits[user], **info}
+        cpu_before = self.cpu_probe() if self.cpu_probe is not None else None
         try:
             records = await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
             if extra is not None:
                 record.params.update(await extra())
         finally:
             record.end_ns = time.monotonic_ns()
+            if cpu_before is not None:
+                record.machine_cpu = _cpu_use(cpu_before, self.cpu_probe(), record.end_ns - record.start_ns)
             self.on_phase(record)
         self.driver.console.print(f"  {phase_summary(record, records)}", highlight=False)
         return record
@@ -351,6 +359,13 @@ _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
 
 
 # ---- helpers -----------------------------------------------------------------------
+
+
+def _cpu_use(before: tuple[float, float], after: tuple[float, float], wall_ns: int) -> dict[str, float]:
+    """CPUs in use on average between two probes: all processes, this run's, the others'."""
+    wall_s = max(wall_ns, 1) / 1e9
+    busy, run = (after[0] - before[0]) / wall_s, (after[1] - before[1]) / wall_s
+    return {"busy": round(busy, 3), "run": round(run, 3), "other": round(max(busy - run, 0.0), 3)}
 
 
 def phase_summary(phase: PhaseRecord, records: list) -> str:

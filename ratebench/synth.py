@@ -130,6 +130,7 @@ class SimPhase:
     params: dict = field(default_factory=dict)
     step_ns: int | None = None  # this phase's engine step, when not the engine's (a slowed-down engine)
     reset_limiter: bool = False  # a broken engine that forgets every user's state when this phase starts
+    machine_cpu: dict | None = None  # scenarios.json's CPUs in use during the phase (busy, run, other)
 
 
 @dataclass
@@ -275,7 +276,8 @@ def write_run_folder(run_dir: str | Path, engines: list[SimEngine], phases: list
         recs, start, end = simulate_phase(by_name[p.engine], p, rng)
         client.extend(recs)
         scen.append({"scenario": p.scenario, "kind": p.kind, "phase": p.phase, "engine": p.engine,
-                     "start_ns": start, "end_ns": end, "users": p.users, "role": p.role, "params": p.params})
+                     "start_ns": start, "end_ns": end, "users": p.users, "role": p.role, "params": p.params,
+                     "machine_cpu": p.machine_cpu})
     manifest_engines = {}
     for e in engines:
         rel = f"engines/{e.name}/events.rbev" if e.records_events else None

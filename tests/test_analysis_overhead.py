@@ -108,3 +108,18 @@ def test_runs_without_round_numbers_pair_phases_in_order(tmp_path) -> None:
     edit_scenarios(run, drop_rounds)
     (o,) = analyse_run(run).verdict.overheads
     assert o.paired["feature-on/stock"].rounds == 2 and set(o.round_throughput_tps) == {"1", "2"}
+
+
+def test_a_phase_beside_busy_processes_is_warned_with_its_round(tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    ids = (f"rb-5e1f0001-{n}" for n in itertools.count())
+    roles = overhead_engines(SimEngine("patched-sync", default_tps=100, user_tps={"bulk": 100000}))
+    phases = overhead_phases(roles, lambda: next(ids), rounds=2, max_tokens=50)
+    for p in phases:
+        busy = p.role == "stock" and p.params["round"] == 2
+        p.machine_cpu = {"busy": 2.0, "run": 1.1 if busy else 1.9, "other": 0.9 if busy else 0.1}
+    verdict = analyse_run(write_run_folder(run_dir, list(roles.values()), phases)).verdict
+    (o,) = verdict.overheads
+    assert o.round_other_cpu["sync-2"]["stock"] == 0.9 and o.round_other_cpu["sync-1"]["stock"] == 0.1
+    (warning,) = [w for w in verdict.warnings if "outside the run" in w]
+    assert "1 of 8 phases" in warning and "stock sync-2 0.90" in warning and "round(s) sync-2" in warning

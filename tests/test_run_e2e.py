@@ -257,6 +257,9 @@ def test_every_scenario_kind_ran_with_its_phases_and_roles(small_run) -> None:
     anon = next(p for p in phases if p["kind"] == "anonymous-and-spoofing")
     assert list(anon["users"]) == [ANONYMOUS_USER] and anon["users"][ANONYMOUS_USER]["limit_tps"] == 200
     assert all(p["start_ns"] <= p["end_ns"] for p in phases)
+    # the machine's CPU use over each phase, this run's share, and the rest
+    assert all(set(p["machine_cpu"]) == {"busy", "run", "other"} and p["machine_cpu"]["run"] > 0
+               and p["machine_cpu"]["other"] >= 0 for p in phases)
 
 
 ENGINES_WITHOUT_EVENTS = ("stock-sync", "patched-noevents-sync")

@@ -58,6 +58,7 @@ class PhaseInfo:
     users: dict[str, UserSpec]
     role: str
     params: dict
+    machine_cpu: dict | None = None  # CPUs in use over the phase: busy, run, other (absent in older runs)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -133,6 +134,7 @@ def _phase(i: int, entry: dict, path: Path) -> PhaseInfo:
             phase=str(entry["phase"]), engine=str(entry["engine"]),
             start_ns=int(entry.get("start_ns") or 0), end_ns=int(entry.get("end_ns") or 0),
             users=users, role=str(entry.get("role", "measure")), params=dict(entry.get("params") or {}),
+            machine_cpu=dict(entry["machine_cpu"]) if entry.get("machine_cpu") else None,
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunFolderError(f"{path}: entry {i} is not a scenario phase ({type(exc).__name__}: {exc})") from exc

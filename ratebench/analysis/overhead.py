@@ -25,6 +25,8 @@ OVERHEAD_ROLES = (ROLE_ON, ROLE_NO_EVENTS, ROLE_OFF, ROLE_STOCK)
 # (a, b): throughput(a) / throughput(b)
 PAIRS = ((ROLE_ON, ROLE_OFF), (ROLE_ON, ROLE_STOCK), (ROLE_OFF, ROLE_STOCK), (ROLE_ON, ROLE_NO_EVENTS))
 EVENTS_PAIR = f"{ROLE_ON}/{ROLE_NO_EVENTS}"  # what recording engine events costs
+# Other processes keeping this many CPUs busy during a phase make its round's ratios say less: warned.
+BUSY_MACHINE_CPUS = 0.25
 
 Sample = tuple[int, int]  # (tokens, duration ns) of one phase
 
@@ -61,7 +63,10 @@ def overhead_summaries(run: RunData, phase_of: dict) -> list[OverheadSummary]:
         phases = [p for p in run.phases if p.scenario == scen and p.role in OVERHEAD_ROLES]
         samples: dict[str, dict[str, Sample]] = {}  # role -> round -> (tokens, ns)
         steps: dict[str, list[float]] = {}  # role -> each phase's p50 engine step
+        other_cpu: dict[str, dict[str, float]] = {}
         for p, rnd in zip(phases, _round_labels(phases)):
+            if p.machine_cpu is not None and "other" in p.machine_cpu:
+                other_cpu.setdefault(rnd, {})[p.role] = float(p.machine_cpu["other"])
             sample = _phase_sample(run, p, phase_of)
             if sample is not None:
                 samples.setdefault(p.role, {})[rnd] = sample
@@ -83,7 +88,24 @@ def overhead_summaries(run: RunData, phase_of: dict) -> list[OverheadSummary]:
                 if span > 0:
                     summary.round_throughput_tps.setdefault(rnd, {})[role] = tokens * 1e9 / span
         summary.step_p50_ns = {r: statistics.median(v) for r, v in steps.items()}
+        summary.round_other_cpu = other_cpu
         out.append(summary)
+    return out
+
+
+def busy_machine_warnings(summaries: list[OverheadSummary]) -> list[str]:
+    """One warning per scenario whose phases shared the machine with busy processes outside the run."""
+    out = []
+    for o in summaries:
+        busy = [(rnd, role, cpus) for rnd, roles in o.round_other_cpu.items() for role, cpus in roles.items()
+                if cpus >= BUSY_MACHINE_CPUS]
+        if busy:
+            listed = ", ".join(f"{role} {rnd} {cpus:.2f}" for rnd, role, cpus in busy)
+            rounds = sorted({rnd for rnd, _, _ in busy})
+            out.append(f"{o.scenario}: processes outside the run kept {BUSY_MACHINE_CPUS:g} CPUs or more busy during "
+                       f"{len(busy)} of {sum(len(r) for r in o.round_other_cpu.values())} phases ({listed}); the "
+                       f"throughput ratios of round(s) {', '.join(rounds)} compare phases that may not have seen "
+                       f"the same machine")
     return out
 
 

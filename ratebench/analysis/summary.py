@@ -17,7 +17,7 @@ from ratebench.analysis.bound import bound_result, check_bound_grouped
 from ratebench.analysis.fairness import stream_spread
 from ratebench.analysis.gaps import gap_stats, gaps_merged, gaps_per_request
 from ratebench.analysis.load import RunData
-from ratebench.analysis.overhead import overhead_summaries
+from ratebench.analysis.overhead import busy_machine_warnings, overhead_summaries
 from ratebench.analysis.rates import rate_figures
 from ratebench.analysis.reconcile import (
     NO_TIME,
@@ -77,6 +77,7 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
     t0 = time.perf_counter()
     _summarize_clients(run, summary, thresholds, phase_of)
     summary.overheads = overhead_summaries(run, phase_of)
+    summary.warnings.extend(busy_machine_warnings(summary.overheads))
     summary.stage_s["client records"] = time.perf_counter() - t0
     return summary
 

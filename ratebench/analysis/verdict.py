@@ -124,6 +124,8 @@ class OverheadSummary:
     # role -> median over its phases of the phase's median time from one engine step to the next
     # (emit to emit); roles whose engine records events only
     step_p50_ns: dict[str, float] = field(default_factory=dict)
+    # round -> role -> CPUs that processes outside the run kept busy during that phase (runs that measured it)
+    round_other_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass

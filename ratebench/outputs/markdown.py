@@ -165,7 +165,16 @@ def _overhead_tables(o: OverheadSummary) -> str:
                           *(_fmt_tps(o.round_throughput_tps[r].get(role)) for r in rounds)))
     text += "\nThroughput in tok/s (all rounds pooled, then each round); engine step p50 in ms.\n\n"
     text += _table(["role", "tokens", "pooled", "engine step p50", *rounds], role_rows)
+    if o.round_other_cpu:
+        text += ("\nCPUs that processes outside the run kept busy, on average over each phase "
+                 "(a busy machine makes that round's ratios say less).\n\n")
+        text += _table(["role", *rounds], [(role, *(_fmt_cpus(o.round_other_cpu.get(r, {}).get(role)) for r in rounds))
+                                           for role in roles])
     return text
+
+
+def _fmt_cpus(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def _fmt_tps(x: float | None) -> str:
