@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from ratebench.profiles import ANONYMOUS_USER, Profile, ScenarioSpec
-from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError
+from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
 # Engine roles: the engine with the limiter on, the same with engine events off (overhead
 # only: what recording the events costs), the same code with the limiter off, stock vLLM.
@@ -405,7 +405,7 @@ _METRIC_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)(?:_total)?)\{[^}]
 async def prefix_cache_counters(endpoint: str) -> dict[str, float]:
     """vLLM's prefix-cache counters from /metrics (empty when not exported)."""
     try:
-        async with httpx.AsyncClient(timeout=10.0) as client:
+        async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
             r = await client.get(f"{endpoint}/metrics")
     except httpx.HTTPError:
         return {}
