@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
+from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.profiles import ANONYMOUS_USER, Profile, ScenarioSpec
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
@@ -31,6 +32,8 @@ ROLE_FEATURE_ON = "patched"
 ROLE_NO_EVENTS = "patched-noevents"
 ROLE_FEATURE_OFF = "feature-off"
 ROLE_STOCK = "stock"
+# Engine steps that may still charge a user after its phase's last client event.
+_BURST_REFILL_MARGIN_NS = 100_000_000
 
 
 def engine_name(role: str, mode: str) -> str:
@@ -85,6 +88,25 @@ class ScenarioContext:
         max_len = self.profile.model.max_model_len or 4096
         return max(1, max_len - prompt_tokens - 1)
 
+    async def _until_bursts_are_full(self, engine: EngineRef, limits: dict[str, int | None]) -> None:
+        """Wait until each limited user of the phase has been idle on this engine for its
+        burst plus one token plus a margin since its last phase there ended.
+
+        GCRA's TAT runs at most ``burst + 1/N`` ahead of the user's last charge, so after
+        that the whole burst is available again: the phase starts from the state the rate
+        figures assume (``analysis.rates``), not from what the last phase left (a user's
+        phases back to back, e.g. cancellation then long-prompt, otherwise start with part
+        of the burst spent and read as under-delivery). The margin covers the engine steps
+        that still charge after a phase's last client event (cancelled streams)."""
+        wait_until = 0
+        for user, limit in limits.items():
+            last = self.driver.user_last_phase_end_ns.get((engine.endpoint, user))
+            if limit and last is not None:
+                wait_until = max(wait_until, last + BURST_NS + -(-NS_PER_S // limit) + _BURST_REFILL_MARGIN_NS)
+        delay_ns = wait_until - time.monotonic_ns()
+        if delay_ns > 0:
+            await asyncio.sleep(delay_ns / NS_PER_S)
+
     async def phase(self, engine: EngineRef, phase: str, requests: list[StreamRequest],
                     users: dict[str, dict[str, Any]], *, role: str = "measure", concurrency: int | None = None,
                     params: dict[str, Any] | None = None,
@@ -92,6 +114,7 @@ class ScenarioContext:
         pctx = PhaseContext(scenario=self.spec.name, phase=phase, engine=engine.name, endpoint=engine.endpoint,
                             model=engine.model)
         limits = {u: self.limit_of(engine, None if u == ANONYMOUS_USER else u) for u in users}
+        await self._until_bursts_are_full(engine, limits)
         start_ns = time.monotonic_ns()
         record = PhaseRecord(scenario=self.spec.name, kind=self.spec.kind, phase=phase, engine=engine.name,
                              start_ns=start_ns, end_ns=start_ns, role=role, users={},
@@ -105,6 +128,8 @@ class ScenarioContext:
                 record.params.update(await extra())
         finally:
             record.end_ns = time.monotonic_ns()
+            for user in users:
+                self.driver.user_last_phase_end_ns[(engine.endpoint, user)] = record.end_ns
             if cpu_before is not None:
                 record.machine_cpu = _cpu_use(cpu_before, self.cpu_probe(), record.end_ns - record.start_ns)
             self.on_phase(record)

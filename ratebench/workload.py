@@ -134,6 +134,8 @@ class Driver:
         self.live = live
         self._counter = itertools.count()
         self._prompts: dict[tuple[str, str], "PromptMaker"] = {}
+        # (endpoint, user) -> when that user's last phase there ended (monotonic ns)
+        self.user_last_phase_end_ns: dict[tuple[str, str], int] = {}
 
     def next_client_id(self) -> str:
         return f"rb-{self.run_id}-{next(self._counter)}"

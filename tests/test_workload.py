@@ -209,3 +209,34 @@ def test_client_ids_are_found_inside_engine_request_ids() -> None:
     assert cid == "rb-0a1b2c3d-0"
     for engine_id in (f"cmpl-{cid}-0-1a2b3c4d", f"chatcmpl-{cid}-1a2b3c4d"):
         assert client_id_of(engine_id) == cid
+
+
+def test_a_users_next_phase_on_an_engine_waits_until_its_burst_is_full_again(monkeypatch) -> None:
+    """GCRA's TAT runs at most burst + 1/N ahead of a user's last charge: a phase of the same user
+    on the same engine starts only after that (plus a margin), so every phase starts with the whole
+    burst the rate figures assume. Other engines and users without a limit do not wait."""
+    import time
+
+    from ratebench import scenarios
+    from ratebench.profiles import load_profile
+    from ratebench.scenarios import EngineRef, ScenarioContext
+
+    slept: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(scenarios.asyncio, "sleep", fake_sleep)
+    profile = load_profile("cpu-tiny")
+    driver = Driver("t")
+    ctx = ScenarioContext(profile=profile, spec=profile.scenarios[0], driver=driver, on_phase=lambda r: None)
+    engine = EngineRef(name="patched-sync", endpoint="http://e1", model="m", feature=True, kind="patched")
+    driver.user_last_phase_end_ns[("http://e1", "user-a")] = time.monotonic_ns()
+    asyncio.run(ctx._until_bursts_are_full(engine, {"user-a": 20, "user-b": 100}))
+    # user-a at 20 tok/s: 100 ms burst + 50 ms (one token) + 100 ms margin, minus the time spent here
+    assert len(slept) == 1 and 0.2 < slept[0] <= 0.25
+    slept.clear()
+    other = EngineRef(name="stock-sync", endpoint="http://e2", model="m", feature=False, kind="stock")
+    asyncio.run(ctx._until_bursts_are_full(other, {"user-a": None}))
+    asyncio.run(ctx._until_bursts_are_full(engine, {"user-b": 100}))  # user-b had no phase there
+    assert slept == []

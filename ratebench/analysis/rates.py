@@ -10,7 +10,9 @@ Definitions (stated in every report):
   the burst at the first instant and then one token every 1/N s, which gives
   exactly N; the bound on the window [first, last] says it is never above N.
   (Counting from the b-th token instead overstates the rate when the engine
-  cannot take the burst in one step and spends it over several.) For a user
+  cannot take the burst in one step and spends it over several.) The driver
+  starts a user's phase only once its burst is full again after its last
+  phase on that engine (``ScenarioContext._until_bursts_are_full``). For a user
   without a limit: tokens after the first 0.5 s / time from there to the last.
 """
 
