@@ -18,9 +18,8 @@ Limiters (``LIMITERS``):
 
 from __future__ import annotations
 
-import json
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np

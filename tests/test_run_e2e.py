@@ -30,7 +30,7 @@ from ratebench.events import (
     read_engine_events,
 )
 from ratebench.profiles import ANONYMOUS_USER, SCENARIO_KINDS, load_profile
-from ratebench.runner import RunOptions, run_profile, verify_at_end
+from ratebench.runner import RunOptions, run_profile
 
 from conftest import hold_engine_lock
 

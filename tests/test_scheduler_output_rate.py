@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from sched_harness import NS_PER_S, Engine, FakeClock, create_scheduler, make_request
+from sched_harness import Engine, FakeClock, create_scheduler, make_request
 
 pytestmark = pytest.mark.usefixtures("patched_vllm")
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ratebench.analysis.bound import bound_result, check_bound_grouped
 from ratebench.analysis.fairness import stream_spread
-from ratebench.analysis.gaps import gap_stats, gaps_merged, gaps_per_request
+from ratebench.analysis.gaps import gap_stats, gaps_merged
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import busy_machine_warnings, overhead_summaries
 from ratebench.analysis.rates import rate_figures
