@@ -114,9 +114,9 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc."""
-    out = []
+def _proc_stats():
+    """(pid, fields after the command) of every process in /proc/<pid>/stat: state (0),
+    ppid (1), pgrp (2), ... utime (11), stime (12). The command may hold spaces."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -125,11 +125,12 @@ def group_members(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        # Fields after the command (which may hold spaces): state ppid pgrp ...
-        rest = stat[stat.rfind(b")") + 2 :].split()
-        if len(rest) >= 3 and int(rest[2]) == pgid and rest[0] != b"Z":
-            out.append(int(entry.name))
-    return out
+        yield int(entry.name), stat[stat.rfind(b")") + 2 :].split()
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc."""
+    return [pid for pid, rest in _proc_stats() if len(rest) >= 3 and int(rest[2]) == pgid and rest[0] != b"Z"]
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -137,19 +138,9 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def groups_cpu_s(pgids: set[int]) -> float:
     """CPU seconds (user + system) the live processes of these process groups have used, from /proc."""
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                rest = f.read()
-        except OSError:
-            continue
-        rest = rest[rest.rfind(b")") + 2 :].split()  # state ppid pgrp ... utime (11) stime (12)
-        if len(rest) > 12 and int(rest[2]) in pgids:
-            total += int(rest[11]) + int(rest[12])
-    return total / _CLK_TCK
+    ticks = sum(int(rest[11]) + int(rest[12]) for _pid, rest in _proc_stats()
+                if len(rest) > 12 and int(rest[2]) in pgids)
+    return ticks / _CLK_TCK
 
 
 def machine_busy_cpu_s() -> float:
