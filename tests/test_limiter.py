@@ -509,3 +509,64 @@ def test_the_minus_one_is_needed():
     window = [n for t, n in grants if 901_000_000 <= t <= 1_899_000_000]
     assert sum(window) == 0
     assert [t for t, n in grants if n] == [0, 900_000_000, 1_900_000_000]
+
+
+# --------------------------------------------------------------------------
+# try_take equals the textbook GCRA, whatever the order of calls
+# --------------------------------------------------------------------------
+
+
+class TextbookGcra:
+    """DESIGN section 2 written out plainly (the arithmetic the patch's first version used):
+    a take at ``now`` is refused iff ``tat - now * rate > burst * rate``; else TAT becomes
+    ``max(tat, now * rate) + 10^9``."""
+
+    def __init__(self, default_tps: int, user_tps: dict[str, int]) -> None:
+        self.default_tps, self.user_tps, self.burst_ns, self.tat = default_tps, dict(user_tps), BURST_NS, {}
+
+    def try_take(self, user: str, now_ns: int) -> bool:
+        rate = self.user_tps.get(user) or self.default_tps
+        now_scaled = now_ns * rate
+        tat = max(self.tat.get(user, now_scaled), now_scaled)
+        if tat - now_scaled > self.burst_ns * rate:
+            return False
+        self.tat[user] = tat + NS_PER_S
+        return True
+
+    def refund(self, user: str) -> None:
+        if user in self.tat:
+            self.tat[user] -= NS_PER_S
+
+
+_ops = st.one_of(
+    st.tuples(st.just("take"), st.sampled_from(["a", "b", "o"]), st.one_of(st.just(0), st.integers(1, 30_000_000))),
+    st.tuples(st.just("refund"), st.sampled_from(["a", "b", "o"]), st.just(0)),
+    st.tuples(st.just("default"), st.sampled_from(RATES_TPS), st.just(0)),
+    st.tuples(st.just("burst"), st.sampled_from([1, BURST_NS // 2, BURST_NS, NS_PER_S]), st.just(0)),
+)
+
+
+@PROPERTY_SETTINGS
+@given(ops=st.lists(_ops, max_size=120), default_tps=st.sampled_from(RATES_TPS),
+       override_tps=st.sampled_from(RATES_TPS))
+def test_try_take_answers_as_the_textbook_gcra_at_repeated_and_advancing_times(ops, default_tps, override_tps):
+    """The limiter computes the scaled `now` of default-rate users once per clock reading; many
+    takes at one `now` (a scheduler step), a change of the default rate or of the burst between
+    two takes at the same `now` (the broken-limiter tests do that), refunds and overrides must
+    still give the textbook answer, take by take."""
+    limiter = make_limiter(default_tps, {"o": override_tps})
+    textbook = TextbookGcra(default_tps, {"o": override_tps})
+    now_ns = 1_000 * NS_PER_S
+    for op, arg, advance_ns in ops:
+        if op == "take":
+            now_ns += advance_ns  # often 0: several takes in one step
+            assert limiter.try_take(arg, now_ns) == textbook.try_take(arg, now_ns)
+        elif op == "refund":
+            limiter.refund(arg)
+            textbook.refund(arg)
+        elif op == "default":
+            limiter.default_tokens_per_second = textbook.default_tps = arg
+        else:
+            limiter.burst_ns = textbook.burst_ns = arg
+    for user in ("a", "b", "o"):
+        assert take_until_refused(limiter, user, now_ns) == take_until_refused(textbook, user, now_ns)
