@@ -516,26 +516,22 @@ def test_the_minus_one_is_needed():
 # --------------------------------------------------------------------------
 
 
-class TextbookGcra:
-    """DESIGN section 2 written out plainly (the arithmetic the patch's first version used):
-    a take at ``now`` is refused iff ``tat - now * rate > burst * rate``; else TAT becomes
-    ``max(tat, now * rate) + 10^9``."""
+class Textbook:
+    """DESIGN section 2 written out plainly, as the synthetic runs use it
+    (``ratebench.synth.GcraLimiter``): a take at ``now`` is refused iff
+    ``tat - now * rate > burst * rate``, else TAT becomes ``max(tat, now * rate) + 10^9``."""
 
     def __init__(self, default_tps: int, user_tps: dict[str, int]) -> None:
-        self.default_tps, self.user_tps, self.burst_ns, self.tat = default_tps, dict(user_tps), BURST_NS, {}
+        from ratebench.synth import GcraLimiter
+
+        self.gcra = GcraLimiter(dict(user_tps), default_tps)
 
     def try_take(self, user: str, now_ns: int) -> bool:
-        rate = self.user_tps.get(user) or self.default_tps
-        now_scaled = now_ns * rate
-        tat = max(self.tat.get(user, now_scaled), now_scaled)
-        if tat - now_scaled > self.burst_ns * rate:
-            return False
-        self.tat[user] = tat + NS_PER_S
-        return True
+        return self.gcra.try_take(user, user, now_ns)
 
     def refund(self, user: str) -> None:
-        if user in self.tat:
-            self.tat[user] -= NS_PER_S
+        if user in self.gcra.tat:
+            self.gcra.tat[user] -= NS_PER_S
 
 
 _ops = st.one_of(
@@ -555,7 +551,7 @@ def test_try_take_answers_as_the_textbook_gcra_at_repeated_and_advancing_times(o
     two takes at the same `now` (the broken-limiter tests do that), refunds and overrides must
     still give the textbook answer, take by take."""
     limiter = make_limiter(default_tps, {"o": override_tps})
-    textbook = TextbookGcra(default_tps, {"o": override_tps})
+    textbook = Textbook(default_tps, {"o": override_tps})
     now_ns = 1_000 * NS_PER_S
     for op, arg, advance_ns in ops:
         if op == "take":
@@ -565,8 +561,8 @@ def test_try_take_answers_as_the_textbook_gcra_at_repeated_and_advancing_times(o
             limiter.refund(arg)
             textbook.refund(arg)
         elif op == "default":
-            limiter.default_tokens_per_second = textbook.default_tps = arg
+            limiter.default_tokens_per_second = textbook.gcra.default_tps = arg
         else:
-            limiter.burst_ns = textbook.burst_ns = arg
+            limiter.burst_ns = textbook.gcra.burst_ns = arg
     for user in ("a", "b", "o"):
         assert take_until_refused(limiter, user, now_ns) == take_until_refused(textbook, user, now_ns)
