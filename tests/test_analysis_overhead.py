@@ -123,3 +123,40 @@ def test_a_phase_beside_busy_processes_is_warned_with_its_round(tmp_path) -> Non
     assert o.round_other_cpu["sync-2"]["stock"] == 0.9 and o.round_other_cpu["sync-1"]["stock"] == 0.1
     (warning,) = [w for w in verdict.warnings if "outside the run" in w]
     assert "1 of 8 phases" in warning and "stock sync-2 0.90" in warning and "round(s) sync-2" in warning
+
+
+def test_a_stalled_round_leaves_tokens_per_engine_cpu_second_alone(tmp_path) -> None:
+    """feature-on's round 2 runs at half speed (another process took the CPU), but its engine spent
+    the same CPU time per token as in the other rounds: the throughput ratio swings, the ratio per
+    engine CPU-second does not, and it shows the 5 % that feature-on's engine really spends more."""
+    from synthetic_runs import edit_scenarios
+
+    run = _overhead_run(tmp_path, {("feature-on", 2): 10_000_000})
+    tokens_per_phase = 4 * 150
+    cpu_s_per_token = {"feature-on": 1.05e-3, "feature-on-no-events": 1.0e-3, "feature-off": 1.0e-3,
+                       "stock": 1.0e-3}
+
+    def add_engine_cpu(phases):
+        for p in phases:
+            wall_s = (p["end_ns"] - p["start_ns"]) / 1e9
+            engine = tokens_per_phase * cpu_s_per_token[p["role"]] / wall_s
+            p["machine_cpu"] = {"busy": 2.0, "run": 1.9, "other": 0.1, "engine": round(engine, 4)}
+
+    edit_scenarios(run, add_engine_cpu)
+    verdict = analyse_run(run).verdict
+    (o,) = verdict.overheads
+    assert o.tokens["feature-on"] == 3 * tokens_per_phase
+    throughput = o.paired["feature-on/feature-off"]
+    assert throughput.max - throughput.min > 0.4  # the stalled round
+    cpu = o.paired_cpu["feature-on/feature-off"]
+    assert cpu.rounds == 3 and cpu.median == pytest.approx(1 / 1.05, rel=0.005)
+    assert cpu.max - cpu.min < 0.005
+    assert set(o.paired_cpu) == set(o.paired)
+    assert o.tokens_per_engine_cpu_s["stock"] == pytest.approx(1000, rel=0.005)
+    (check,) = [c for c in verdict.checks if c.name == "overhead" and c.phase == "feature-on/feature-off"]
+    assert "per engine CPU-second feature-on/feature-off: median per round 0.952" in check.explanation
+
+
+def test_runs_without_engine_cpu_have_no_cpu_ratios(tmp_path) -> None:
+    (o,) = analyse_run(_overhead_run(tmp_path, {}, rounds=2)).verdict.overheads
+    assert o.paired and not o.paired_cpu and not o.tokens_per_engine_cpu_s
