@@ -323,11 +323,6 @@ class Run:
         engines = groups_cpu_s({e.pgid for e in self.engines.values()}) if self.engines else 0.0
         return machine_busy_cpu_s(), own.user + own.system + engines
 
-    def engine_cpu_s(self, name: str) -> float | None:
-        """CPU-seconds the processes of one engine this run started have used so far; None otherwise."""
-        engine = self.engines.get(name)
-        return groups_cpu_s({engine.pgid}) if engine is not None else None
-
     def ensure_engines(self, names: list[str]) -> None:
         """Start the engines not running yet, all at once, and wait until they serve."""
         missing = [n for n in dict.fromkeys(names) if n not in self.engines]
@@ -439,8 +434,7 @@ class Run:
                 current = spec.name
                 self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
             ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, on_phase=self.on_phase,
-                                  model_dir=self.model_dir, cpu_probe=self.cpu_probe,
-                                  engine_cpu_probe=self.engine_cpu_s)
+                                  model_dir=self.model_dir, cpu_probe=self.cpu_probe)
             asyncio.run(plan.run(ctx, self.refs[plan.engine]))
             later = {p.engine for _, p in plans[k + 1:]}
             for name in list(self.engines):

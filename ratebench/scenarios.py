@@ -79,9 +79,6 @@ class ScenarioContext:
     model_dir: Path | None = None  # the model folder, when local (for the EOS token id)
     # () -> (CPU-seconds the machine has been busy, CPU-seconds this run's processes used), both so far
     cpu_probe: Callable[[], tuple[float, float]] | None = None
-    # engine name -> CPU-seconds its processes (API server, EngineCore, workers) have used so far; None
-    # for an engine this run did not start
-    engine_cpu_probe: Callable[[str], float | None] | None = None
 
     def limit_of(self, engine: EngineRef, user: str | None) -> int | None:
         return self.profile.limits.limit_of(user) if engine.feature else None
@@ -125,7 +122,6 @@ class ScenarioContext:
         for user, info in users.items():
             record.users[user] = {"limit_tps": limits[user], **info}
         cpu_before = self.cpu_probe() if self.cpu_probe is not None else None
-        engine_cpu_before = self.engine_cpu_probe(engine.name) if self.engine_cpu_probe is not None else None
         try:
             records = await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
             if extra is not None:
@@ -135,13 +131,7 @@ class ScenarioContext:
             for user in users:
                 self.driver.user_last_phase_end_ns[(engine.endpoint, user)] = record.end_ns
             if cpu_before is not None:
-                # the engine's window lies inside the run's (probed after it before, before it after)
-                engine_cpu_after = self.engine_cpu_probe(engine.name) if engine_cpu_before is not None else None
                 record.machine_cpu = _cpu_use(cpu_before, self.cpu_probe(), record.end_ns - record.start_ns)
-                if engine_cpu_after is not None:
-                    # the phase's own engine: what its tokens cost it in CPU time, whoever else ran meanwhile
-                    wall_s = max(record.end_ns - record.start_ns, 1) / 1e9
-                    record.machine_cpu["engine"] = round((engine_cpu_after - engine_cpu_before) / wall_s, 4)
             self.on_phase(record)
         self.driver.console.print(f"  {phase_summary(record, records)}", highlight=False)
         return record

@@ -257,10 +257,9 @@ def test_every_scenario_kind_ran_with_its_phases_and_roles(small_run) -> None:
     anon = next(p for p in phases if p["kind"] == "anonymous-and-spoofing")
     assert list(anon["users"]) == [ANONYMOUS_USER] and anon["users"][ANONYMOUS_USER]["limit_tps"] == 200
     assert all(p["start_ns"] <= p["end_ns"] for p in phases)
-    # the machine's CPU use over each phase, this run's share, the rest, and the phase's own engine's
-    assert all(set(p["machine_cpu"]) == {"busy", "run", "other", "engine"} and p["machine_cpu"]["run"] > 0
-               and p["machine_cpu"]["other"] >= 0 and 0 < p["machine_cpu"]["engine"] <= p["machine_cpu"]["run"] + 0.05
-               for p in phases)
+    # the machine's CPU use over each phase, this run's share, and the rest
+    assert all(set(p["machine_cpu"]) == {"busy", "run", "other"} and p["machine_cpu"]["run"] > 0
+               and p["machine_cpu"]["other"] >= 0 for p in phases)
 
 
 ENGINES_WITHOUT_EVENTS = ("stock-sync", "patched-noevents-sync")
@@ -308,8 +307,6 @@ def test_the_verdict_pairs_every_overhead_role_round_by_round(small_run) -> None
                              "feature-on/feature-on-no-events"}
     assert all(p.rounds == 1 for p in o.paired.values())
     assert set(o.step_p50_ns) == {"feature-on", "feature-off"}  # the engines that record events
-    # every overhead engine is this run's: each pair also per engine CPU-second
-    assert set(o.paired_cpu) == set(o.paired) and all(v > 0 for v in o.tokens_per_engine_cpu_s.values())
 
 
 def test_cancelled_streams_are_aborted_in_the_engine(small_run) -> None:

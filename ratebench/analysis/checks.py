@@ -204,10 +204,6 @@ def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
             if a in o.step_p50_ns and b in o.step_p50_ns:
                 text += (f"; engine step p50 {o.step_p50_ns[a] / 1e6:.3f} ms vs "
                          f"{o.step_p50_ns[b] / 1e6:.3f} ms")
-            cpu = o.paired_cpu.get(pair)
-            if cpu is not None:
-                text += (f"; tokens per engine CPU-second {a}/{b}: median per round {cpu.median:.3f} "
-                         f"(spread {cpu.min:.3f}..{cpu.max:.3f})")
             out.append(Check(name, o.scenario, pair, "*", None, round(overhead, 4), limit, "<=", "fraction", passed,
                              text))
     return out

@@ -8,13 +8,6 @@ phases of one round saw nearly the same machine: the ratio of a pair is taken ro
 round, and its median over the rounds is what the checks use (a stall of a busy machine
 moves one round's ratio, not the median). The pooled ratio (all tokens over all time, per
 role) and the spread of the per-round ratios are reported beside it.
-
-Where the run measured each phase's engine CPU time (``machine_cpu.engine``: CPUs the
-engine's processes used on average over the phase), the same pairs are also taken in
-tokens per engine CPU-second. Another process taking the CPU for a while slows a phase's
-throughput but not what its tokens cost the engine in CPU time, so on a shared machine
-this ratio moves less from round to round; it is reported beside the throughput ratio,
-which stays what the checks use.
 """
 
 from __future__ import annotations
@@ -69,7 +62,6 @@ def overhead_summaries(run: RunData, phase_of: dict) -> list[OverheadSummary]:
     for scen in sorted({p.scenario for p in run.phases if p.role in OVERHEAD_ROLES}):
         phases = [p for p in run.phases if p.scenario == scen and p.role in OVERHEAD_ROLES]
         samples: dict[str, dict[str, Sample]] = {}  # role -> round -> (tokens, ns)
-        cpu_samples: dict[str, dict[str, Sample]] = {}  # role -> round -> (tokens, engine CPU ns)
         steps: dict[str, list[float]] = {}  # role -> each phase's p50 engine step
         other_cpu: dict[str, dict[str, float]] = {}
         for p, rnd in zip(phases, _round_labels(phases)):
@@ -78,9 +70,6 @@ def overhead_summaries(run: RunData, phase_of: dict) -> list[OverheadSummary]:
             sample = _phase_sample(run, p, phase_of)
             if sample is not None:
                 samples.setdefault(p.role, {})[rnd] = sample
-                engine_cpus = (p.machine_cpu or {}).get("engine")
-                if engine_cpus:
-                    cpu_samples.setdefault(p.role, {})[rnd] = (sample[0], round(engine_cpus * (p.end_ns - p.start_ns)))
             step = _phase_step_p50_ns(run, p)
             if step is not None:
                 steps.setdefault(p.role, []).append(step)
@@ -94,16 +83,11 @@ def overhead_summaries(run: RunData, phase_of: dict) -> list[OverheadSummary]:
                 paired = paired_ratio(samples[a], samples[b])
                 if paired is not None:
                     summary.paired[pair] = paired
-                if a in cpu_samples and b in cpu_samples:
-                    paired = paired_ratio(cpu_samples[a], cpu_samples[b])
-                    if paired is not None:
-                        summary.paired_cpu[pair] = paired
         for role in roles:
             for rnd, (tokens, span) in samples[role].items():
                 if span > 0:
                     summary.round_throughput_tps.setdefault(rnd, {})[role] = tokens * 1e9 / span
         summary.step_p50_ns = {r: statistics.median(v) for r, v in steps.items()}
-        summary.tokens_per_engine_cpu_s = {r: _pooled_tps(v.values()) for r, v in cpu_samples.items()}
         summary.round_other_cpu = other_cpu
         out.append(summary)
     return out

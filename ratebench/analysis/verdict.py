@@ -126,10 +126,6 @@ class OverheadSummary:
     step_p50_ns: dict[str, float] = field(default_factory=dict)
     # round -> role -> CPUs that processes outside the run kept busy during that phase (runs that measured it)
     round_other_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
-    # the pairs again in tokens per CPU-second of the phase's engine, round by round, and per role pooled
-    # (runs that measured each phase's engine CPU time)
-    paired_cpu: dict[str, PairedRatio] = field(default_factory=dict)
-    tokens_per_engine_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

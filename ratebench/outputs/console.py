@@ -30,12 +30,8 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
         console.print(f"engine {name}: longest step (dispatch-to-emit) {longest} ({step.method})")
     for o in verdict.overheads:
         for pair, p in o.paired.items():
-            line = (f"{o.scenario} {pair}: throughput ratio, median per round {p.median:.3f} "
-                    f"(spread {p.min:.3f}..{p.max:.3f} over {p.rounds} rounds), pooled {o.ratios[pair]:.3f}")
-            cpu = o.paired_cpu.get(pair)
-            if cpu is not None:
-                line += f"; per engine CPU-second {cpu.median:.3f} (spread {cpu.min:.3f}..{cpu.max:.3f})"
-            console.print(line)
+            console.print(f"{o.scenario} {pair}: throughput ratio, median per round {p.median:.3f} "
+                          f"(spread {p.min:.3f}..{p.max:.3f} over {p.rounds} rounds), pooled {o.ratios[pair]:.3f}")
     for w in verdict.warnings:
         console.print(f"[yellow]warning:[/] {w}")
     for c in verdict.failures:

@@ -155,14 +155,6 @@ def _overhead_tables(o: OverheadSummary) -> str:
     rows += [(pair, "-", "-", 0, f"{ratio:.3f}", "") for pair, ratio in o.ratios.items() if pair not in o.paired]
     text = f"Scenario `{o.scenario}`: throughput ratios, paired round by round.\n\n"
     text += _table(["pair", "median", "spread", "rounds", "pooled", "per round"], rows)
-    if o.paired_cpu:
-        text += ("\nThe same pairs in tokens per CPU-second of the phase's engine (its API server, EngineCore "
-                 "and workers): a process that takes the CPU for a while slows a phase, not what its tokens "
-                 "cost the engine, so this ratio moves less on a shared machine.\n\n")
-        text += _table(["pair", "median", "spread", "rounds", "per round"],
-                       [(pair, f"{p.median:.3f}", f"{p.min:.3f}..{p.max:.3f}", p.rounds,
-                         " ".join(f"{r}: {x:.3f}" for r, x in p.per_round.items()))
-                        for pair, p in o.paired_cpu.items()])
     rounds = list(o.round_throughput_tps)
     roles = list(o.throughput_tps)
     role_rows = []
