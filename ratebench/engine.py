@@ -446,7 +446,7 @@ def warm_up(engine: RunningEngine, plan: WarmUpPlan | None = None) -> WarmUpResu
             with client.stream("POST", f"{engine.endpoint}{path}", json={**common, **body}, headers=headers) as r:
                 text = r.read().decode(errors="replace")
             if r.status_code != 200:
-                raise _warm_up_error(engine, path, r.status_code, text)
+                raise _warm_up_error(engine, path, f"answered HTTP {r.status_code}: {text[:300]}")
     sent, timed_out = len(bodies), False
     if plan is not None and plan.streams > 0:
         wave, timed_out = asyncio.run(_warm_up_wave(engine, plan, first_index=sent))
@@ -454,8 +454,8 @@ def warm_up(engine: RunningEngine, plan: WarmUpPlan | None = None) -> WarmUpResu
     return WarmUpResult(requests=sent, seconds=time.monotonic() - t0, timed_out=timed_out)
 
 
-def _warm_up_error(engine: RunningEngine, path: str, status: int, text: str) -> EngineError:
-    return EngineError(f"engine {engine.spec.name}: warm-up request to {path} answered HTTP {status}: {text[:300]}",
+def _warm_up_error(engine: RunningEngine, path: str, problem: str) -> EngineError:
+    return EngineError(f"engine {engine.spec.name}: warm-up request to {path} {problem}",
                        log_tail(engine.log_path), engine.log_path)
 
 
@@ -468,10 +468,9 @@ async def _warm_up_wave(engine: RunningEngine, plan: WarmUpPlan, first_index: in
                                                            "prompt": "Hello, world. How are you today? " * 8,
                                                            "add_special_tokens": False})
         except httpx.HTTPError as exc:
-            raise EngineError(f"engine {engine.spec.name}: warm-up /tokenize failed: {exc}",
-                              log_tail(engine.log_path), engine.log_path) from exc
+            raise _warm_up_error(engine, "/tokenize", f"failed: {exc}") from exc
         if r.status_code != 200:
-            raise _warm_up_error(engine, "/tokenize", r.status_code, r.text)
+            raise _warm_up_error(engine, "/tokenize", f"answered HTTP {r.status_code}: {r.text[:300]}")
         base = list(r.json()["tokens"]) or [0]
         lengths = [plan.short_prompt_tokens[i % len(plan.short_prompt_tokens)] for i in range(plan.streams)]
         if plan.long_prompt_tokens:
@@ -488,10 +487,9 @@ async def _warm_up_wave(engine: RunningEngine, plan: WarmUpPlan, first_index: in
                 async with client.stream("POST", f"{url}/v1/completions", json=body, headers=headers) as resp:
                     text = (await resp.aread()).decode(errors="replace")
             except httpx.HTTPError as exc:
-                raise EngineError(f"engine {engine.spec.name}: warm-up request failed: {exc}",
-                                  log_tail(engine.log_path), engine.log_path) from exc
+                raise _warm_up_error(engine, "/v1/completions", f"failed: {exc}") from exc
             if resp.status_code != 200:
-                raise _warm_up_error(engine, "/v1/completions", resp.status_code, text)
+                raise _warm_up_error(engine, "/v1/completions", f"answered HTTP {resp.status_code}: {text[:300]}")
 
         tasks = [asyncio.create_task(one(i, n)) for i, n in enumerate(lengths)]
         timed_out = False

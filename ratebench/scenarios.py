@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
+from ratebench.analysis import overhead as overhead_analysis
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.profiles import ANONYMOUS_USER, Profile, ScenarioSpec
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
@@ -347,8 +348,9 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
     The events-off engine runs in the first scheduling mode only (one engine more per mode costs
     memory, or restarts where ``profile.max_engines`` is small)."""
     p = spec.params
-    role_names = {ROLE_FEATURE_ON: "feature-on", ROLE_NO_EVENTS: "feature-on-no-events",
-                  ROLE_FEATURE_OFF: "feature-off", ROLE_STOCK: "stock"}
+    # engine role -> the phase role the overhead analysis pairs by
+    role_names = {ROLE_FEATURE_ON: overhead_analysis.ROLE_ON, ROLE_NO_EVENTS: overhead_analysis.ROLE_NO_EVENTS,
+                  ROLE_FEATURE_OFF: overhead_analysis.ROLE_OFF, ROLE_STOCK: overhead_analysis.ROLE_STOCK}
 
     def phase_of(phase: str, role: str, rnd: int, mode: str):
         async def run(ctx: ScenarioContext, engine: EngineRef) -> None:

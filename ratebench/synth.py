@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ratebench._io import atomic_write_json
+from ratebench.analysis.overhead import ROLE_NO_EVENTS, ROLE_OFF, ROLE_ON, ROLE_STOCK
 from ratebench.events import (
     KIND_DISPATCH,
     KIND_EMIT,
@@ -368,11 +369,11 @@ def overhead_engines(feature_on: SimEngine) -> dict[str, SimEngine]:
     same without engine events, the limiter off, and stock vLLM."""
     off = dict(default_tps=None, user_tps={})
     return {
-        "feature-on": feature_on,
-        "feature-on-no-events": SimEngine("patched-noevents-sync", default_tps=feature_on.default_tps,
-                                          user_tps=dict(feature_on.user_tps), record_events=False),
-        "feature-off": SimEngine("feature-off-sync", feature=False, **off),
-        "stock": SimEngine("stock-sync", kind="stock", feature=False, **off),
+        ROLE_ON: feature_on,
+        ROLE_NO_EVENTS: SimEngine("patched-noevents-sync", default_tps=feature_on.default_tps,
+                                  user_tps=dict(feature_on.user_tps), record_events=False),
+        ROLE_OFF: SimEngine("feature-off-sync", feature=False, **off),
+        ROLE_STOCK: SimEngine("stock-sync", kind="stock", feature=False, **off),
     }
 
 
