@@ -28,7 +28,6 @@ from ratebench.patching import FileDiff, PatchError, apply_chain, apply_file_dif
 FIXTURE = Path(__file__).parent / "fixtures" / "patch_series"
 FIXTURE_PATCH = FIXTURE / "patch"
 REAL_PATCH = patching.DEFAULT_PATCH_DIR
-PRISTINE_VLLM = Path("/tmp/vllm-pristine")
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -707,39 +706,47 @@ needs_real_series = pytest.mark.skipif(
 )
 
 
-def pristine_source_root(source: str) -> Path:
-    """A vLLM 0.32.0 tree to take pristine files from: the installed package (as in CI; it
-    may be patched, then the pristine files are rebuilt in memory) or the pristine copy that
-    dev machines keep in /tmp/vllm-pristine."""
-    if source == "installed":
-        return patching.site_packages_of_vllm()
-    if not (PRISTINE_VLLM / "vllm" / "_version.py").is_file():
-        pytest.skip(f"no pristine vLLM copy at {PRISTINE_VLLM}")
-    return PRISTINE_VLLM
+def copy_real_targets(source: Path, dest: Path) -> Path:
+    """A scratch tree with only what the real series needs of ``source``: the version files
+    and every target file it has."""
+    for rel in ["vllm/_version.py", "vllm/version.py", *patching.load_series().targets]:
+        if (source / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(source / rel, dest / rel)
+    return dest
 
 
-@pytest.fixture(params=["installed", "pristine-copy"])
-def real_site(request, tmp_path: Path) -> Path:
-    """A scratch tree holding the pristine version of every file the real series touches."""
-    source = pristine_source_root(request.param)
-    pristine = patching.read_pristine_files(source, REAL_PATCH)
-    root = tmp_path / "site"
-    for name in ("_version.py", "version.py"):
-        (root / "vllm").mkdir(parents=True, exist_ok=True)
-        shutil.copy(source / "vllm" / name, root / "vllm" / name)
-    for path, content in pristine.items():
-        if content is not None:
-            (root / path).parent.mkdir(parents=True, exist_ok=True)
-            (root / path).write_bytes(content)
+def real_target_hashes(root: Path) -> dict[str, str]:
+    """Each file the real series touches -> its sha256, or "absent": the form of pristine.sha256."""
+    return {
+        rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() if (root / rel).is_file() else "absent"
+        for rel in patching.load_series().targets
+    }
+
+
+def gnu_patch(root: Path, diff: Path, *extra: str) -> None:
+    with open(diff, "rb") as stdin:
+        subprocess.run(
+            ["patch", "-p1", "--batch", "--fuzz=0", "--no-backup-if-mismatch", "-s", *extra],
+            cwd=root, stdin=stdin, check=True,
+        )
+
+
+@pytest.fixture
+def real_site(tmp_path: Path) -> Path:
+    """A scratch tree holding the pristine version of every file the real series touches:
+    a copy of the installed vLLM's files (conftest has patched them) with the series reverted."""
+    root = copy_real_targets(patching.site_packages_of_vllm(), tmp_path / "site")
+    patching.revert_patch(root)
     return root
 
 
 @needs_real_series
-def test_installed_vllm_rebuilds_to_the_pristine_copy() -> None:
-    # The installed vLLM (patched or not) gives back the very bytes of the pristine release.
-    installed = patching.read_pristine_files(patching.site_packages_of_vllm(), REAL_PATCH)
-    copy = patching.read_pristine_files(pristine_source_root("pristine-copy"), REAL_PATCH)
-    assert installed == copy
+def test_installed_vllm_rebuilds_to_the_pristine_release(real_site: Path) -> None:
+    # pristine.sha256 was made from the released files, so equal hashes mean the released
+    # bytes; and the installed tree is patched, so real_site is really the series undone.
+    assert patching.patch_status().overall == "patched"
+    assert real_target_hashes(real_site) == patching.read_pristine_hashes(REAL_PATCH)
 
 
 @needs_real_series
@@ -759,27 +766,29 @@ def test_real_series_applies_reverts_and_reports_status(real_site: Path) -> None
 
 
 @needs_real_series
-def test_real_series_matches_gnu_patch(real_site: Path, tmp_path: Path) -> None:
-    gnu_patch = shutil.which("patch")
-    if gnu_patch is None:
+def test_real_series_matches_gnu_patch_both_ways(real_site: Path, tmp_path: Path) -> None:
+    if shutil.which("patch") is None:
         pytest.skip("GNU patch is not installed: nothing to compare with")
-    reference = tmp_path / "reference"
-    shutil.copytree(real_site, reference)
-    for name in patching.load_series().diff_names:
-        with open(REAL_PATCH / name, "rb") as diff:
-            subprocess.run(
-                [gnu_patch, "-p1", "--batch", "--forward", "--fuzz=0", "--no-backup-if-mismatch", "-s"],
-                cwd=reference, stdin=diff, check=True,
-            )
+    diffs = [REAL_PATCH / name for name in patching.load_series().diff_names]
+    forward = tmp_path / "forward"
+    shutil.copytree(real_site, forward)
+    for diff in diffs:
+        gnu_patch(forward, diff, "--forward")
     patching.apply_patch(real_site)
-    assert files_of(real_site) == files_of(reference)
+    assert files_of(real_site) == files_of(forward)
+    # GNU patch's own undo of the installed (patched) files gives the released bytes too:
+    # the pristine tree above does not rest on ratebench's reverse alone.
+    backward = copy_real_targets(patching.site_packages_of_vllm(), tmp_path / "backward")
+    for diff in reversed(diffs):
+        gnu_patch(backward, diff, "--reverse")
+    assert real_target_hashes(backward) == patching.read_pristine_hashes(REAL_PATCH)
 
 
 @needs_real_series
 def test_real_pristine_hashes_are_up_to_date_with_the_series() -> None:
     series = patching.load_series()
     hashes = patching.read_pristine_hashes(REAL_PATCH)
-    assert sorted(hashes) == series.targets, "run: ratebench patch refresh-hashes --from /tmp/vllm-pristine"
+    assert sorted(hashes) == series.targets, "run: ratebench patch refresh-hashes --from PRISTINE_SITE_PACKAGES"
 
 
 # ---- packaging: the series travels inside the wheel --------------------------------------
