@@ -760,6 +760,16 @@ class EngineReport:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def not_recorded_reason(self) -> str | None:
+        """Why part 1 recorded nothing when it did not fail (py-spy cannot attach, and the fix), else None."""
+        if self.rows or self.engine or not self.warnings or self.warnings[0].startswith(ENGINE_PART_FAILED):
+            return None
+        return self.warnings[0]
+
+
+ENGINE_PART_FAILED = "engine part failed"
+# The microbenchmark variants profile-scheduler --breakdown looks into (the feature on).
+BREAKDOWN_VARIANTS = tuple(v for v in VARIANTS if v != VARIANT_OFF)
 
 ENGINE_NOTES = [
     "py-spy records the EngineCore process only (found by its title VLLM::EngineCore), without "
@@ -771,6 +781,11 @@ ENGINE_NOTES = [
     "samples are aggregated by function (--function); categories overlap (the limiter and the rotation run "
     "inside schedule)",
 ]
+
+
+def failed_engine_report(settings: EngineProfileSettings, exc: BaseException) -> EngineReport:
+    """Part 1's report when the engine could not be profiled: no rows, the reason (part 2 still runs)."""
+    return EngineReport(settings.to_json(), {}, [], [f"{ENGINE_PART_FAILED}: {exc}"], ENGINE_NOTES)
 
 
 def summarize_recording(rec: PySpyRecording) -> EngineRow:

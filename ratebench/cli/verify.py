@@ -1,0 +1,107 @@
+"""`ratebench verify-bound` and `compare`: the verdict on run folders, from their files alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ratebench import verify
+from ratebench.analysis import Thresholds
+from ratebench.analysis.compare import compare_verdicts
+from ratebench.cli._console import fail, stderr
+from ratebench.outputs.console import print_comparison, print_verdict
+from ratebench.outputs.markdown import write_comparison
+
+EXIT_VERIFY_FAILED = 1
+EXIT_VERIFY_UNUSABLE = 2
+
+# The thresholds of verify-bound: one option each, turned into Thresholds by thresholds() alone.
+_OPT_DELIVERY = typer.Option("--delivery-min", help="backlogged user's steady rate, at least this x its limit")
+_OPT_ISOLATION = typer.Option("--isolation-min", help="unthrottled user's rate beside a throttled one, x alone")
+_OPT_ISO_GAP = typer.Option("--isolation-gap-max", help="its p99 gap beside a throttled one, at most x alone "
+                                                         "(default: report only)")
+_OPT_ISO_TTFT = typer.Option("--isolation-ttft-factor", help="its p50 time to first token beside a throttled one, "
+                                                                "at most this x alone + --isolation-ttft-slack-ms")
+_OPT_ISO_TTFT_SLACK = typer.Option("--isolation-ttft-slack-ms", help="added to the allowed p50 time to first token")
+_OPT_OVERHEAD = typer.Option("--max-overhead", help="fail when 1 - throughput(feature-on)/throughput(off or stock) "
+                                                     "(the median of the per-round ratios) exceeds this "
+                                                     "(default: report only)")
+_OPT_EVENT_OVERHEAD = typer.Option("--max-event-overhead", help="fail when 1 - throughput(feature-on)/throughput("
+                                                                 "feature-on without engine events) (the median of "
+                                                                 "the per-round ratios) exceeds this "
+                                                                 "(default: report only)")
+_OPT_CANCEL = typer.Option("--cancel-max-steps", help="emit events of a cancelled request after the cancel")
+_OPT_SPREAD = typer.Option("--stream-spread-max", help="tokens between one user's streams while all are active")
+_OPT_JAIN = typer.Option("--jain-min", help="Jain's index across backlogged users with equal limits")
+_OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
+                                                         "(default: the longest engine step measured)")
+
+
+def thresholds(*, delivery_min: float, isolation_min: float, isolation_gap_max: float | None,
+               isolation_ttft_factor: float, isolation_ttft_slack_ms: float, max_overhead: float | None,
+               max_event_overhead: float | None, cancel_max_steps: int, stream_spread_max: int, jain_min: float,
+               emit_tolerance_ms: float | None) -> Thresholds:
+    """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
+    return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
+                      isolation_ttft_factor=isolation_ttft_factor,
+                      isolation_ttft_slack_ns=round(isolation_ttft_slack_ms * 1e6),
+                      max_overhead=max_overhead, max_event_overhead=max_event_overhead,
+                      cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
+                      emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6))
+
+
+def verify_bound(
+    run_dir: Annotated[Path, typer.Argument(help="a run folder written by `ratebench run`")],
+    delivery_min: Annotated[float, _OPT_DELIVERY] = 0.97,
+    isolation_min: Annotated[float, _OPT_ISOLATION] = 0.9,
+    isolation_gap_max: Annotated[float | None, _OPT_ISO_GAP] = None,
+    isolation_ttft_factor: Annotated[float, _OPT_ISO_TTFT] = 2.0,
+    isolation_ttft_slack_ms: Annotated[float, _OPT_ISO_TTFT_SLACK] = 50.0,
+    max_overhead: Annotated[float | None, _OPT_OVERHEAD] = None,
+    max_event_overhead: Annotated[float | None, _OPT_EVENT_OVERHEAD] = None,
+    cancel_max_steps: Annotated[int, _OPT_CANCEL] = 1,
+    stream_spread_max: Annotated[int, _OPT_SPREAD] = 2,
+    jain_min: Annotated[float, _OPT_JAIN] = 0.95,
+    emit_tolerance_ms: Annotated[float | None, _OPT_EMIT_TOL] = None,
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
+    max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
+) -> None:
+    """Re-check a run folder from its files alone; write verdict.json, report.md, plots/.
+
+    Exit 0: every check passed; 1: a check failed; 2: the run folder is unusable.
+    """
+    th = thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
+                    isolation_ttft_factor=isolation_ttft_factor, isolation_ttft_slack_ms=isolation_ttft_slack_ms,
+                    max_overhead=max_overhead, max_event_overhead=max_event_overhead,
+                    cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
+                    emit_tolerance_ms=emit_tolerance_ms)
+    try:
+        result = verify.analyse_run(run_dir, th)
+    except verify.RunFolderError as exc:
+        raise fail(str(exc), EXIT_VERIFY_UNUSABLE, label="unusable run folder") from None
+    written = verify.write_result(result, plots=plots, max_plot_users=max_plot_users)
+    print_verdict(result.verdict)
+    stderr().print(f"wrote {len(written)} files into {run_dir} (verdict.json, report.md, plots/)")
+    raise typer.Exit(0 if result.verdict.passed else EXIT_VERIFY_FAILED)
+
+
+def compare(
+    run_a: Annotated[Path, typer.Argument(help="run folder A (the reference)")],
+    run_b: Annotated[Path, typer.Argument(help="run folder B (ratios are B/A)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder for compare.md")] = Path("."),
+) -> None:
+    """Put two runs' figures side by side with ratios B/A; writes OUT/compare.md.
+
+    Exit 0 when both runs could be read (whatever their verdicts), 2 when one is unusable.
+    """
+    try:
+        a = verify.analyse_run(run_a).verdict
+        b = verify.analyse_run(run_b).verdict
+    except verify.RunFolderError as exc:
+        raise fail(str(exc), EXIT_VERIFY_UNUSABLE, label="unusable run folder") from None
+    comparison = compare_verdicts(a, b)
+    print_comparison(comparison)
+    path = write_comparison(comparison, out / "compare.md")
+    stderr().print(f"wrote {path}")
