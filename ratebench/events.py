@@ -205,6 +205,9 @@ def client_id_of(engine_request_id: str) -> str | None:
     return m.group(1) if m else None
 
 
+ERROR_INTERRUPTED = "interrupted"  # ClientRecord.error of a stream still open when the run was interrupted
+
+
 @dataclass
 class ClientRecord:
     """What the client saw of one streamed request (one line of ``requests.jsonl``)."""

@@ -424,6 +424,12 @@ class Run:
     def execute(self) -> None:
         specs = self.scenarios_to_run()
         plans = [(spec, plan) for spec in specs for plan in plan_scenario(spec)]
+        # the plan, so that verify-bound --partial can name the phases an interrupted run never started
+        self.manifest["planned_phases"] = [
+            {"scenario": plan.scenario, "phase": plan.phase,
+             "engine": EXTERNAL_ENGINE if self.options.endpoint is not None else plan.engine}
+            for _, plan in plans]
+        self.write_manifest()
         if self.options.endpoint is not None:
             self.attach()
         current = None
@@ -500,6 +506,9 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
                          engine_error=engine_error)
     if state == "complete" and options.verify:
         outcome.verdict, outcome.exit_code = verify_at_end(run.run_dir, console)
+    elif state == "partial" and options.verify:
+        console.print(f"[bold]verify[/]: the run did not complete; `ratebench verify-bound --partial {run.run_dir}` "
+                      "checks the phases that did")
     return outcome
 
 

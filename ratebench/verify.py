@@ -1,7 +1,9 @@
 """verify-bound: re-check a run folder from its files alone and write the verdict.
 
 ``verify_run`` is what both ``ratebench verify-bound`` and the end of
-``ratebench run`` call.
+``ratebench run`` call. ``analyse_run(..., partial=True)`` checks the completed phases
+of an unfinished run (``ratebench.analysis.partial``); ``exit_code`` turns a verdict
+into verify-bound's exit status.
 """
 
 from __future__ import annotations
@@ -14,10 +16,25 @@ from pathlib import Path
 
 from ratebench.analysis.checks import build_checks
 from ratebench.analysis.load import RunData, RunFolderError, load_run
+from ratebench.analysis.partial import keep_completed_phases
 from ratebench.analysis.summary import summarize_run
 from ratebench.analysis.verdict import Thresholds, Verdict
 
-__all__ = ["RunFolderError", "VerifyResult", "analyse_run", "verify_run", "write_result"]
+__all__ = ["EXIT_CHECK_FAILED", "EXIT_PARTIAL", "EXIT_PASSED", "EXIT_UNUSABLE", "RunFolderError", "VerifyResult",
+           "analyse_run", "exit_code", "verify_run", "write_result"]
+
+# verify-bound's exit status
+EXIT_PASSED = 0  # a complete run, every check passed
+EXIT_CHECK_FAILED = 1  # a check failed (complete or partial run)
+EXIT_UNUSABLE = 2  # the run folder cannot be verified (or, without --partial, the run is not complete)
+EXIT_PARTIAL = 4  # a partial run (--partial): every check of its completed phases passed; never a pass
+
+
+def exit_code(verdict: Verdict) -> int:
+    """verify-bound's exit status for a verdict: a partial verdict never exits 0."""
+    if verdict.failures:
+        return EXIT_CHECK_FAILED
+    return EXIT_PARTIAL if verdict.partial else EXIT_PASSED
 
 
 @dataclass
@@ -53,16 +70,32 @@ def _no_cyclic_gc():
             gc.enable()
 
 
-def analyse_run(run_dir: str | Path, thresholds: Thresholds | None = None) -> VerifyResult:
-    """Load and check a run folder; writes nothing. Raises RunFolderError for unusable input."""
+def analyse_run(run_dir: str | Path, thresholds: Thresholds | None = None, *, partial: bool = False) -> VerifyResult:
+    """Load and check a run folder; writes nothing. Raises RunFolderError for unusable input.
+
+    ``partial``: a run whose state is not ``complete`` is checked on its completed phases and its
+    verdict is marked partial (a complete run is checked as without it)."""
     with _no_cyclic_gc():
-        return _analyse_run(run_dir, thresholds or Thresholds())
+        return _analyse_run(run_dir, thresholds or Thresholds(), partial)
 
 
-def _analyse_run(run_dir: str | Path, th: Thresholds) -> VerifyResult:
+def _analyse_run(run_dir: str | Path, th: Thresholds, partial: bool) -> VerifyResult:
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
-    run = load_run(run_dir)
+    run = load_run(run_dir, require_complete=not partial)
+    state = run.manifest.get("state")
+    missing = []
+    if state != "complete":
+        run, missing = keep_completed_phases(run)
+        if not run.phases:
+            why = run.manifest.get("partial_reason")
+            raise RunFolderError(f"{run.run_dir}: run state is {state!r}" + (f" ({why})" if why else "")
+                                 + f" and no scenario phase completed; {len(missing)} phases missing"
+                                 + "".join(f"\n  {m.label}: {m.why}" for m in missing))
+        run.warnings.insert(0, f"partial run (state {state!r}"
+                               + (f": {run.manifest['partial_reason']}" if run.manifest.get("partial_reason") else "")
+                               + f"): checked {len(run.phases)} completed phases, {len(missing)} missing; the "
+                               "missing phases' engine events still count in each engine's whole-file bound")
     stages["load"] = time.perf_counter() - t0
     stages.update({f"load: {k}": v for k, v in run.stage_s.items()})
     t1 = time.perf_counter()
@@ -79,7 +112,7 @@ def _analyse_run(run_dir: str | Path, th: Thresholds) -> VerifyResult:
         run_dir=str(run.run_dir), run_id=run.manifest.get("run_id"), profile_name=run.manifest.get("profile_name"),
         manifest_summary=_manifest_summary(run.manifest), thresholds=th, engine_steps=summary.engine_steps,
         rows=rows, engine_bounds=summary.engine_bounds, overheads=summary.overheads, checks=checks,
-        warnings=run.warnings + summary.warnings,
+        warnings=run.warnings + summary.warnings, partial=state != "complete", missing_phases=missing,
     )
     stages["checks"] = time.perf_counter() - t2
     return VerifyResult(verdict, run, stages)
@@ -120,9 +153,10 @@ def verify_run(
     write: bool = True,
     plots: bool = True,
     max_plot_users: int = 8,
+    partial: bool = False,
 ) -> Verdict:
     """Check a run folder and (by default) write its verdict, report and plots into it."""
-    result = analyse_run(run_dir, thresholds)
+    result = analyse_run(run_dir, thresholds, partial=partial)
     if write:
         write_result(result, plots=plots, max_plot_users=max_plot_users)
     return result.verdict

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ratebench.events import ClientRecord
+from ratebench.events import ERROR_INTERRUPTED, ClientRecord
 from ratebench.profiles import ANONYMOUS_USER
 
 
@@ -223,7 +223,7 @@ class Driver:
             if stop_flags.get(id(task)) and task is not None and task.uncancel() == 0:
                 return  # the driver closed a background stream: that is the plan
             if rec.error is None and not stop_flags.get(id(task)):
-                rec.error = "interrupted"
+                rec.error = ERROR_INTERRUPTED
             raise
 
     async def _send(self, client: httpx.AsyncClient, ctx: PhaseContext, req: StreamRequest, rec: ClientRecord,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ratebench.events import read_client_records, write_client_records
+from ratebench.events import EventFileWriter, read_client_records, read_engine_events, write_client_records
 from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
 
 
@@ -41,3 +41,17 @@ def edit_scenarios(run_dir: Path, edit) -> None:
     phases = json.loads(path.read_text())
     edit(phases)
     path.write_text(json.dumps(phases))
+
+
+def cut_event_file(path: Path, keep_before_ns: int) -> None:
+    """Rewrite an engine event file as a hard stop leaves it: the events before ``keep_before_ns``
+    in complete blocks, the rest in a last block cut short (the reader drops it)."""
+    ev = read_engine_events(path)
+    recs = ev.records
+    with EventFileWriter(path, ev.meta) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_block(recs[recs["t_ns"] < keep_before_ns])
+        w.write_block(recs[recs["t_ns"] >= keep_before_ns])
+    with open(path, "r+b") as f:
+        f.truncate(Path(path).stat().st_size - 7)

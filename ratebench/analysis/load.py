@@ -166,7 +166,8 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         raise RunFolderError(
             f"{manifest_path}: run state is {state!r}"
             + (f" ({why})" if why else "")
-            + "; verify-bound checks only complete runs: rerun `ratebench run`"
+            + "; verify-bound checks only complete runs: rerun `ratebench run`, or check the phases that "
+            "completed with `ratebench verify-bound --partial`"
         )
     try:
         engines = {n: _engine(n, e, run_dir) for n, e in (manifest.get("engines") or {}).items()}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ratebench.analysis.bound import BURST_NS, BoundResult
 from ratebench.analysis.gaps import GapStats
+from ratebench.analysis.partial import MissingPhase
 from ratebench.analysis.rates import RateFigures
 from ratebench.analysis.steps import EngineStep
 
@@ -141,6 +142,9 @@ class Verdict:
     overheads: list[OverheadSummary]
     checks: list[Check]
     warnings: list[str] = field(default_factory=list)
+    # verify-bound --partial on a run that did not complete: only its completed phases were checked
+    partial: bool = False
+    missing_phases: list[MissingPhase] = field(default_factory=list)  # phases not checked, and why
 
     @property
     def failures(self) -> list[Check]:
@@ -148,13 +152,21 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        """Every check passed on a complete run (a partial verdict never passes)."""
+        return not self.failures and not self.partial
+
+    @property
+    def outcome(self) -> str:
+        """PASS, FAIL, PARTIAL (every check of the completed phases passed) or FAIL (PARTIAL)."""
+        if self.failures:
+            return "FAIL (PARTIAL)" if self.partial else "FAIL"
+        return "PARTIAL" if self.partial else "PASS"
 
     def summary(self) -> str:
         """A few plain lines: the outcome and each failure in one line."""
         n_info = sum(c.passed is None for c in self.checks)
         n = len(self.checks) - n_info
-        lines = [f"verdict: {'PASS' if self.passed else 'FAIL'}: {n - len(self.failures)} of {n} checks passed "
+        lines = [f"verdict: {self.outcome}: {n - len(self.failures)} of {n} checks passed "
                  f"({n_info} informational); report: {self.run_dir}/report.md"]
         for c in self.failures:
             who = f" {c.user}" if c.user else ""

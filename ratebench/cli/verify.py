@@ -14,8 +14,6 @@ from ratebench.cli._console import fail, stderr
 from ratebench.outputs.console import print_comparison, print_verdict
 from ratebench.outputs.markdown import write_comparison
 
-EXIT_VERIFY_FAILED = 1
-EXIT_VERIFY_UNUSABLE = 2
 
 # The thresholds of verify-bound: one option each, turned into Thresholds by thresholds() alone.
 _OPT_DELIVERY = typer.Option("--delivery-min", help="backlogged user's steady rate, at least this x its limit")
@@ -67,10 +65,15 @@ def verify_bound(
     emit_tolerance_ms: Annotated[float | None, _OPT_EMIT_TOL] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
+    partial: Annotated[bool, typer.Option(
+        "--partial", help="a run that did not complete (interrupted, failed part way): check the phases that "
+        "completed, name the others; the verdict is marked PARTIAL and never passes")] = False,
 ) -> None:
     """Re-check a run folder from its files alone; write verdict.json, report.md, plots/.
 
-    Exit 0: every check passed; 1: a check failed; 2: the run folder is unusable.
+    Exit 0: every check passed; 1: a check failed; 2: the run folder is unusable (without
+    --partial: the run did not complete); 4: --partial on a run that did not complete, and
+    every check of its completed phases passed.
     """
     th = thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
                     isolation_ttft_factor=isolation_ttft_factor, isolation_ttft_slack_ms=isolation_ttft_slack_ms,
@@ -78,13 +81,13 @@ def verify_bound(
                     cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                     emit_tolerance_ms=emit_tolerance_ms)
     try:
-        result = verify.analyse_run(run_dir, th)
+        result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:
-        raise fail(str(exc), EXIT_VERIFY_UNUSABLE, label="unusable run folder") from None
+        raise fail(str(exc), verify.EXIT_UNUSABLE, label="unusable run folder") from None
     written = verify.write_result(result, plots=plots, max_plot_users=max_plot_users)
     print_verdict(result.verdict)
     stderr().print(f"wrote {len(written)} files into {run_dir} (verdict.json, report.md, plots/)")
-    raise typer.Exit(0 if result.verdict.passed else EXIT_VERIFY_FAILED)
+    raise typer.Exit(verify.exit_code(result.verdict))
 
 
 def compare(
@@ -100,7 +103,7 @@ def compare(
         a = verify.analyse_run(run_a).verdict
         b = verify.analyse_run(run_b).verdict
     except verify.RunFolderError as exc:
-        raise fail(str(exc), EXIT_VERIFY_UNUSABLE, label="unusable run folder") from None
+        raise fail(str(exc), verify.EXIT_UNUSABLE, label="unusable run folder") from None
     comparison = compare_verdicts(a, b)
     print_comparison(comparison)
     path = write_comparison(comparison, out / "compare.md")

@@ -1,6 +1,10 @@
-"""Number formatting shared by the console and markdown outputs."""
+"""Number formatting, the row table's columns and plot file names, shared by the console and markdown outputs."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.gaps import GapStats
@@ -25,9 +29,14 @@ def steady_rate(r: RateFigures | None) -> str:
 
 
 def slack(b: BoundResult | None) -> str:
+    """Tokens under the bound in the worst window: two decimals near the bound, fewer far from it
+    (a limit never approached leaves thousands, k)."""
     if b is None or b.worst is None:
         return "-"
-    return f"{b.worst.slack_tokens:+.2f}"
+    x = b.worst.slack_tokens
+    if abs(x) >= 10_000:
+        return f"{x / 1000:+.0f}k"
+    return f"{x:+.0f}" if abs(x) >= 100 else f"{x:+.2f}"
 
 
 def ms(g: GapStats | None, field: str = "p99_ns") -> str:
@@ -43,20 +52,50 @@ def tokens(row: UserPhaseSummary) -> str:
     return f"{emitted}/{row.streamed_tokens}"
 
 
-ROW_COLUMNS = (
-    "scenario/phase", "engine", "user", "limit", "dispatch seed/steady", "emit seed", "client seed",
-    "slack dispatch/emit", "p99 gap emit/client ms", "tokens eng/client", "result",
+@dataclass(frozen=True)
+class FigureColumn:
+    """One figure of a user's row: its report.md header, its short console header and legend entry."""
+
+    title: str
+    short: str
+    legend: str
+    cell: Callable[[UserPhaseSummary], str]
+
+
+FIGURE_COLUMNS = (
+    FigureColumn("limit", "N", "limit, tok/s", lambda r: num(r.limit_tps)),
+    FigureColumn("dispatch seed/steady", "dispatch", "rate of charges (dispatch events), seed/steady (backlogged)",
+                 lambda r: f"{seed_rate(r.dispatch_rate)}/{steady_rate(r.dispatch_rate) if r.backlogged else '-'}"),
+    FigureColumn("emit seed", "emit", "rate of emitted tokens, seed", lambda r: seed_rate(r.emit_rate)),
+    FigureColumn("client seed", "client", "rate the client received, seed", lambda r: seed_rate(r.client_rate)),
+    FigureColumn("slack dispatch/emit", "slack d/e", "allowed - tokens in the bound's worst window, dispatch/emit "
+                 "(negative: broken; k: thousands)",
+                 lambda r: f"{slack(r.bound_dispatch)}/{slack(r.bound_emit)}"),
+    FigureColumn("p99 gap emit/client ms", "p99 e/c", "p99 inter-token gap per request, emit/client, ms",
+                 lambda r: f"{ms(r.gaps_emit_request)}/{ms(r.gaps_client_request)}"),
+    FigureColumn("tokens eng/client", "tokens", "tokens the engine emitted/the client received", tokens),
 )
+
+ROW_COLUMNS = ("scenario/phase", "engine", "user", *(c.title for c in FIGURE_COLUMNS), "result")
+
+
+def figure_cells(row: UserPhaseSummary) -> list[str]:
+    return [c.cell(row) for c in FIGURE_COLUMNS]
 
 
 def row_cells(row: UserPhaseSummary) -> list[str]:
-    return [
-        f"{row.scenario}/{row.phase}", row.engine, row.user, num(row.limit_tps),
-        f"{seed_rate(row.dispatch_rate)}/{steady_rate(row.dispatch_rate) if row.backlogged else '-'}",
-        seed_rate(row.emit_rate),
-        seed_rate(row.client_rate), f"{slack(row.bound_dispatch)}/{slack(row.bound_emit)}",
-        f"{ms(row.gaps_emit_request)}/{ms(row.gaps_client_request)}", tokens(row), "pass" if row.passed else "FAIL",
-    ]
+    """report.md's row: the names that identify it, its figures, pass or FAIL."""
+    return [f"{row.scenario}/{row.phase}", row.engine, row.user, *figure_cells(row), "pass" if row.passed else "FAIL"]
+
+
+def plot_slug(scenario: str, phase: str, engine: str) -> str:
+    """The part of a phase's plot file names after the plot kind (plots/<kind>-<slug>.png)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{scenario}-{phase}-{engine}").strip("-")
+
+
+def plot_file(kind: str, scenario: str, phase: str, engine: str) -> str:
+    """The run-folder path of one of a phase's plots: kind cumulative, gaps or streams."""
+    return f"plots/{kind}-{plot_slug(scenario, phase, engine)}.png"
 
 
 def check_where(c) -> str:

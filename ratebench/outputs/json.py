@@ -19,7 +19,8 @@ def _header(verdict: Verdict) -> dict:
     return {
         "schema": SCHEMA,
         "ratebench_version": __version__,
-        "passed": verdict.passed,
+        "passed": verdict.passed,  # false for a partial verdict (see "partial" and "missing_phases")
+        "outcome": verdict.outcome,  # PASS, FAIL, PARTIAL or FAIL (PARTIAL)
         "counts": {
             "checks": len(verdict.checks),
             "failed": len(verdict.failures),

@@ -9,6 +9,7 @@ from ratebench._io import atomic_write_text
 from ratebench.analysis.compare import Comparison
 from ratebench.analysis.verdict import OverheadSummary, Verdict
 from ratebench.outputs.format import ROW_COLUMNS, check_where, row_cells
+from ratebench.outputs.promises import failures_by_promise
 
 DEFINITIONS = """\
 - **The bound**: in any window of W seconds a user receives at most `(W + 0.1) * N + 1`
@@ -80,11 +81,28 @@ def _fmt(x) -> str:
 def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_dir: Path | None = None) -> str:
     v = verdict
     ms = v.manifest_summary
-    out = [f"# ratebench verdict: {'PASS' if v.passed else 'FAIL'}\n\n"]
+    out = [f"# ratebench verdict: {v.outcome}\n\n"]
     out.append(f"Run `{v.run_dir}`, id `{v.run_id}`, profile `{v.profile_name}`.\n")
     n_info = sum(c.passed is None for c in v.checks)
-    out.append(f"{len(v.checks) - n_info} checks, {len(v.failures)} failed, {n_info} informational.\n\n")
-    out.append("## Run\n\n")
+    out.append(f"{len(v.checks) - n_info} checks, {len(v.failures)} failed, {n_info} informational.\n")
+    if v.partial:
+        out.append(f"\n**PARTIAL**: the run did not complete (state `{ms.get('state')}`); only its completed "
+                   f"phases were checked, {len(v.missing_phases)} phases were not (below). A partial verdict "
+                   "never passes.\n")
+    # what broke first: the failures, under the promise each tests, with where to look
+    if v.failures:
+        out.append("\n## Failures\n")
+        for promise, hints in failures_by_promise(v):
+            out.append(f"\n**Broken {promise}**\n\n")
+            out.append("".join(f"- **{h.check.name}** {check_where(h.check)}: {h.broke}. {h.check.explanation}. "
+                               f"Look: {h.look}.\n" for h in hints))
+    if v.missing_phases:
+        out.append("\n## Missing phases (not checked)\n\n")
+        out.append(_table(["scenario", "phase", "engine", "why"],
+                          [(m.scenario, m.phase, m.engine, m.why) for m in v.missing_phases]))
+    if v.warnings:
+        out.append("\n## Warnings\n\n" + "".join(f"- {w}\n" for w in v.warnings))
+    out.append("\n## Run\n\n")
     info = [(k, ms.get(k)) for k in ("state", "ratebench_version", "vllm_version", "git_commit", "patch_sha256",
                                       "python", "machine") if k in ms]
     out.append(_table(["", "value"], [(k, f"`{val}`") for k, val in info]))
@@ -98,12 +116,8 @@ def render_report(verdict: Verdict, plot_paths: list[Path] | None = None, base_d
                              eng_rows))
     th = v.thresholds
     out.append("\nThresholds: " + ", ".join(f"`{k}` = {_fmt(getattr(th, k))}" for k in th.__dataclass_fields__) + "\n")
-    if v.warnings:
-        out.append("\n## Warnings\n\n" + "".join(f"- {w}\n" for w in v.warnings))
-    if v.failures:
-        out.append("\n## Failures\n\n" + "".join(f"- **{c.name}** {check_where(c)}: {c.explanation}\n"
-                                                   for c in v.failures))
-    out.append("\n## Users by scenario phase\n\nRates in tok/s, slack in tokens, gaps in ms.\n\n")
+    out.append("\n## Users by scenario phase" + (" (PARTIAL: the completed phases only)" if v.partial else "")
+               + "\n\nRates in tok/s, slack in tokens, gaps in ms.\n\n")
     out.append(_table(ROW_COLUMNS, [row_cells(r) for r in v.rows]))
     out.append("\n## Inter-token gaps and times to first token (ms)\n\n")
     gap_rows = []

@@ -3,7 +3,6 @@ the inter-token gap CDFs, and one multi-stream user's per-stream timelines."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import matplotlib
@@ -16,12 +15,9 @@ from ratebench.analysis.load import RunData  # noqa: E402
 from ratebench.analysis.rates import burst_tokens  # noqa: E402
 from ratebench.analysis.series import phase_series  # noqa: E402
 from ratebench.analysis.verdict import UserPhaseSummary, Verdict  # noqa: E402
+from ratebench.outputs.format import plot_slug  # noqa: E402
 
 MAX_POINTS = 1500  # points per line; longer series are thinned evenly
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
 
 
 def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -62,7 +58,7 @@ def write_plots(run: RunData, verdict: Verdict, out_dir: str | Path, max_users: 
         if not any(len(s.dispatch_t_ns) or len(s.emit_t_ns) or len(s.client_t_ns) for s in series.values()):
             continue
         t0 = min(int(x[0]) for s in series.values() for x in (s.dispatch_t_ns, s.emit_t_ns, s.client_t_ns) if len(x))
-        slug = _slug(f"{p.scenario}-{p.phase}-{p.engine}")
+        slug = plot_slug(p.scenario, p.phase, p.engine)
         written.append(_cumulative(out_dir / f"cumulative-{slug}.png", p.label, rows, series, t0,
                                    verdict.thresholds.delivery_min, verdict.thresholds.burst_ns))
         written.append(_gap_cdf(out_dir / f"gaps-{slug}.png", p.label, rows, series))

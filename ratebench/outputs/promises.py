@@ -1,0 +1,176 @@
+"""What each check stands for: the promise it tests, in words, and where to look when it fails.
+
+One table (``CHECKS``) that the console and report.md both use. The promises are DESIGN.md
+section 1's, numbered 1 to 7, plus identity; "waiting" and "events" are DESIGN.md sections 3
+and 4 (the engine waits without polling; recording events costs little). The checks are
+section 5's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ratebench.analysis.bound import BoundResult
+from ratebench.analysis.verdict import Check, UserPhaseSummary, Verdict
+from ratebench.outputs.format import check_where, plot_file
+
+PROMISES: dict[str, str] = {
+    "1": "only output tokens are limited; prompt tokens are free",
+    "2": "a user's concurrent requests share one budget of N tokens per second, spent evenly over time",
+    "3": "a request out of budget pauses and later resumes; it is never truncated nor answered with an error",
+    "4": "while one user is throttled, other users proceed as before",
+    "5": "synchronous and asynchronous scheduling both keep the promise",
+    "6": "the bound: in any window of W seconds a user receives at most (W + 0.1) * N + 1 output tokens",
+    "7": "with the feature off the scheduler behaves as upstream; on, with limits never reached, it costs little",
+    "identity": "each charge goes to the request's output_rate_user, or to __anonymous__ without one",
+    "waiting": "waiting costs nothing: the engine blocks on its input queue while every request is throttled "
+               "and wakes at once for a new request or an abort",
+    "events": "recording engine events costs little",
+}
+
+# where-to-look texts: {cumulative}, {gaps}, {streams} are the phase's plots, {events} the engine's event file
+_CUMULATIVE = "{cumulative}"
+_REPORT_ROW = "report.md, the row of {where}"
+
+
+@dataclass(frozen=True)
+class CheckMeaning:
+    promise: str  # a key of PROMISES
+    broke: str  # what a failure of this check means, in words
+    look: str  # where to look, a template (see above)
+
+
+CHECKS: dict[str, CheckMeaning] = {
+    "bound-dispatch": CheckMeaning("6", "the engine charged more tokens in a window than the bound allows",
+                                   _CUMULATIVE),
+    "bound-emit": CheckMeaning("6", "the engine emitted more tokens in a window than the bound allows "
+                               "(with one engine step of tolerance)", _CUMULATIVE),
+    "bound-client": CheckMeaning("6", "the client received more tokens in a window than the bound allows "
+                                 "(information only: HTTP coalesces chunks)", _CUMULATIVE),
+    "bound-dispatch-run": CheckMeaning("6", "over the engine's whole event file, a window holds more charges than "
+                                       "the bound allows (the limiter's state must carry across phases)",
+                                       "{events}; report.md, the bound over each engine's whole event file"),
+    "bound-emit-run": CheckMeaning("6", "over the engine's whole event file, a window holds more emitted tokens "
+                                   "than the bound allows", "{events}; report.md, the bound over each engine's "
+                                   "whole event file"),
+    "delivery": CheckMeaning("2", "a user that always waits for tokens got less than its N tokens per second "
+                             "in steady state (over-throttled, or charged without emitting)",
+                             _CUMULATIVE + " (the delivery line is the threshold)"),
+    "rate-seed": CheckMeaning("2", "the measured rate beside the limit (information)", _REPORT_ROW),
+    "even-spacing-dispatch": CheckMeaning("2", "the user's charges came in clumps: some window inside its backlog "
+                                          "got fewer than N * W tokens less the allowance (the lower side of the "
+                                          "bound)", _CUMULATIVE + "; {gaps}"),
+    "even-spacing-emit": CheckMeaning("2", "the user's emitted tokens came in clumps: some window inside its backlog "
+                                      "got fewer than N * W tokens less the allowance (the lower side of the "
+                                      "bound)", _CUMULATIVE + "; {gaps}"),
+    "stream-fairness": CheckMeaning("2", "one user's streams did not take turns on the shared budget",
+                                    "{streams} (one line per stream)"),
+    "reconciliation": CheckMeaning("3", "a finished request's usage.completion_tokens, streamed tokens and engine "
+                                   "tokens disagree, or it was cut short",
+                                   "requests.jsonl and {events} for the request the explanation names"),
+    "cancellation": CheckMeaning("3", "after a client cancel the engine did not stop at once (or never finished "
+                                 "the request)", "{events}: the finish event of the request the explanation "
+                                 "names; {streams}"),
+    "charge-parity": CheckMeaning("1", "a request was charged for steps that sampled no token (a prefill chunk, "
+                                  "or a charge without an emit)", "{events}: dispatch against emit events of the "
+                                  "request the explanation names"),
+    "isolation-rate": CheckMeaning("4", "an unthrottled user slowed down beside a throttled neighbour",
+                                   _CUMULATIVE + "; the baseline phase's plots beside it"),
+    "isolation-ttft": CheckMeaning("4", "an unthrottled user waited longer for its first token beside a throttled "
+                                   "neighbour", "report.md, inter-token gaps and times to first token; {gaps}"),
+    "isolation-gap-p99": CheckMeaning("4", "an unthrottled user's inter-token gaps grew beside a throttled "
+                                      "neighbour", "{gaps}; report.md, inter-token gaps"),
+    "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _CUMULATIVE),
+    "overhead": CheckMeaning("7", "with limits never reached, the limiter costs more throughput than allowed "
+                             "against the limiter off or stock vLLM",
+                             "report.md, Overhead: per-round ratios and the CPUs other processes took"),
+    "event-recording": CheckMeaning("events", "recording engine events costs more throughput than allowed",
+                                    "report.md, Overhead: the feature-on/feature-on-no-events rounds"),
+    "identity": CheckMeaning("identity", "a charge went to another user than the request's output_rate_user "
+                             "(or __anonymous__)", "{events}: the user field of the request the explanation names, "
+                             "against requests.jsonl"),
+    "wait-cpu": CheckMeaning("waiting", "the engine core used CPU while every request was throttled (it polls "
+                             "instead of blocking)", "{events} and engines/{engine}/engine.log around the phase"),
+    "wake-first-token": CheckMeaning("waiting", "while every request was throttled, a new request waited for the "
+                                     "engine's timeout instead of waking it at once", "{events}: the new request's "
+                                     "first dispatch against its send time (requests.jsonl)"),
+    "wake-abort": CheckMeaning("waiting", "while every request was throttled, an abort waited for the engine's "
+                               "timeout instead of waking it at once", "{events}: the aborted request's finish "
+                               "event against its cancel time (requests.jsonl)"),
+}
+
+_UNKNOWN = CheckMeaning("?", "see DESIGN.md section 5", "report.md, Checks")
+
+
+def meaning(check_name: str) -> CheckMeaning:
+    return CHECKS.get(check_name, _UNKNOWN)
+
+
+def promise_text(key: str) -> str:
+    """'promise 6: the bound: ...': a promise, by its key, in words."""
+    label = f"promise {key}" if key.isdigit() else key
+    return f"{label}: {PROMISES[key]}" if key in PROMISES else "no promise on record (see DESIGN.md section 5)"
+
+
+@dataclass
+class FailureHint:
+    """A failed check in words: which promise, what broke, where to look."""
+
+    check: Check
+    promise: str  # a key of PROMISES ("?" for a check not in CHECKS)
+    broke: str
+    look: str
+
+
+def failures_by_promise(verdict: Verdict) -> list[tuple[str, list[FailureHint]]]:
+    """The failed checks grouped by the promise they test, in PROMISES order: (promise_text, hints)."""
+    groups: dict[str, list[FailureHint]] = {}
+    for h in failure_hints(verdict):
+        groups.setdefault(h.promise, []).append(h)
+    order = {k: i for i, k in enumerate(PROMISES)}
+    return [(promise_text(k), groups[k]) for k in sorted(groups, key=lambda k: order.get(k, len(order)))]
+
+
+def failure_hints(verdict: Verdict) -> list[FailureHint]:
+    """One hint per failed check, in the verdict's order."""
+    rows = {(r.scenario, r.phase, r.engine, r.user): r for r in verdict.rows}
+    whole = {(b.engine, b.user): b for b in verdict.engine_bounds}
+    out = []
+    for c in verdict.failures:
+        m = meaning(c.name)
+        look = m.look.format(
+            cumulative=plot_file("cumulative", c.scenario, c.phase, c.engine),
+            gaps=plot_file("gaps", c.scenario, c.phase, c.engine),
+            streams=plot_file("streams", c.scenario, c.phase, c.engine),
+            events=f"engines/{c.engine}/events.rbev", engine=c.engine, where=check_where(c))
+        window = _worst_window(c, rows.get((c.scenario, c.phase, c.engine, c.user)), whole.get((c.engine, c.user)))
+        if window:
+            look += f"; {window}"
+        out.append(FailureHint(c, m.promise, m.broke, look))
+    return out
+
+
+def _worst_window(c: Check, row: UserPhaseSummary | None, whole) -> str | None:
+    """The worst window of a bound check, placed in time: from the user's first event in the phase,
+    or on the engine's clock for a whole-file bound."""
+    if c.name in ("bound-dispatch-run", "bound-emit-run") and whole is not None:
+        b = whole.dispatch if c.name == "bound-dispatch-run" else whole.emit
+        return _window_text(b, None, "(monotonic clock)")
+    if row is None:
+        return None
+    source = {"bound-dispatch": (row.bound_dispatch, row.dispatch_rate, "dispatch"),
+              "bound-emit": (row.bound_emit, row.emit_rate, "emit"),
+              "bound-client": (row.bound_client, row.client_rate, "client chunk")}.get(c.name)
+    if source is None:
+        return None
+    b, rate, what = source
+    first = rate.first_ns if rate is not None else None
+    return _window_text(b, first, f"from {row.user}'s first {what} of the phase")
+
+
+def _window_text(b: BoundResult | None, origin_ns: int | None, where: str) -> str | None:
+    if b is None or b.worst is None:
+        return None
+    w = b.worst
+    origin = origin_ns or 0
+    return f"worst window at {(w.start_ns - origin) / 1e9:.3f}..{(w.end_ns - origin) / 1e9:.3f} s {where}"
