@@ -95,7 +95,8 @@ class EngineSpec:
             flags.append("--async-scheduling")
         return flags + self.limiter_flags()
 
-    def argv(self, port: int) -> list[str]:
+    def argv(self, port: int | str) -> list[str]:
+        """The server's command line (``port``: a placeholder string where it is not chosen yet)."""
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                 "--port", str(port), *self.all_flags()]
 
@@ -195,6 +196,12 @@ except ImportError:
 '''
 
 
+def stock_overlay_env(dest: Path | str) -> dict[str, str]:
+    """The environment a stock engine needs for the overlay in ``dest``."""
+    pythonpath = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": str(dest) + (os.pathsep + pythonpath if pythonpath else "")}
+
+
 def write_stock_overlay(pristine_files: dict[str, bytes | None], site_packages: Path, dest: Path) -> dict[str, str]:
     """Write the overlay for a stock engine into ``dest``; returns the environment it needs."""
     import json
@@ -215,8 +222,7 @@ def write_stock_overlay(pristine_files: dict[str, bytes | None], site_packages: 
         }
     (dest / _OVERLAY_MAP).write_text(json.dumps(files, indent=1))
     (dest / "sitecustomize.py").write_text(_OVERLAY_SITECUSTOMIZE)
-    pythonpath = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": str(dest) + (os.pathsep + pythonpath if pythonpath else "")}
+    return stock_overlay_env(dest)
 
 
 _LIVE: dict[int, "RunningEngine"] = {}
@@ -305,30 +311,48 @@ class RunningEngine:
         return killed
 
 
+# Set for every engine: nothing is downloaded, nothing reported, logs arrive as written.
+ENGINE_BASE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def records_events(spec: EngineSpec) -> bool:
+    """Whether the engine writes an engine event file (patched engines that record)."""
+    return spec.record_events and spec.kind == "patched"
+
+
+def engine_env(spec: EngineSpec, *, events_path: Path | str | None, overlay_dir: Path | str | None) -> dict[str, str]:
+    """The variables ratebench sets for an engine, over the inherited environment (from which the
+    event file variable is always removed). ``events_path``: where the engine records events, if it
+    does; ``overlay_dir``: a stock engine's import overlay."""
+    env = {**ENGINE_BASE_ENV, **spec.env}
+    env.pop(EVENTS_ENV_VAR, None)
+    if overlay_dir is not None:
+        env.update(stock_overlay_env(overlay_dir))
+    if events_path is not None:
+        env[EVENTS_ENV_VAR] = str(events_path)
+    return env
+
+
 def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
     """Start the server process (not waiting for it); see :func:`wait_ready`."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = dict(os.environ)
-    env.update({
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "DO_NOT_TRACK": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
-    env.update(spec.env)
-    env.pop(EVENTS_ENV_VAR, None)
     overlay_dir = None
     if spec.pristine_files is not None:
         from ratebench.patching import site_packages_of_vllm
 
         overlay_dir = Path(tempfile.mkdtemp(prefix=f"ratebench-{spec.name}-"))
-        env.update(write_stock_overlay(spec.pristine_files, site_packages_of_vllm(), overlay_dir))
-    events_path = None
-    if spec.record_events and spec.kind == "patched":
-        events_path = folder / "events.rbev"
-        env[EVENTS_ENV_VAR] = str(events_path.resolve())
+        write_stock_overlay(spec.pristine_files, site_packages_of_vllm(), overlay_dir)
+    events_path = (folder / "events.rbev") if records_events(spec) else None
+    env = dict(os.environ)
+    env.pop(EVENTS_ENV_VAR, None)
+    env.update(engine_env(spec, events_path=events_path.resolve() if events_path else None, overlay_dir=overlay_dir))
     log_file = open(folder / "engine.log", "ab")
     log_file.write(f"# ratebench: {' '.join(spec.argv(port))}\n".encode())
     log_file.flush()

@@ -51,7 +51,7 @@ integers, as the engine flags take them.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -398,6 +398,39 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
         startup_timeout_s=startup_timeout_s, shutdown_grace_s=shutdown_grace_s,
         max_engines=max_engines, model=model, engine=engine, limits=limits, scenarios=scenarios,
     )
+
+
+def with_run_options(profile: Profile, *, scenarios: list[str] | None = None, overhead_rounds: int | None = None,
+                     max_engines: int | None = None, engine_args: list[str] | None = None) -> Profile:
+    """The profile as ``ratebench run``'s options change it (a copy; the run's manifest records it).
+
+    ``scenarios``: run only these, by name, in the profile's order; ``overhead_rounds``: the rounds of
+    the overhead scenarios run; ``max_engines``: engines alive at once; ``engine_args``: more
+    ``vllm serve`` flags for every engine, after the profile's (argparse takes a flag's last value).
+    Raises ProfileError naming the option.
+    """
+    names = [s.name for s in profile.scenarios]
+    chosen = list(profile.scenarios)
+    if scenarios:
+        for name in scenarios:
+            if name not in names:
+                raise ProfileError(profile.path, "--scenario", f"a scenario of this profile ({', '.join(names)})", name)
+        chosen = [s for s in profile.scenarios if s.name in scenarios]
+    if overhead_rounds is not None:
+        if not _pos_int(overhead_rounds):
+            raise ProfileError(profile.path, "--overhead-rounds", "a positive integer", overhead_rounds)
+        if not any(s.kind == "overhead" for s in chosen):
+            raise ProfileError(profile.path, "--overhead-rounds", "an overhead scenario among those that run",
+                               has_got=False)
+        chosen = [replace(s, params={**s.params, "rounds": overhead_rounds}) if s.kind == "overhead" else s
+                  for s in chosen]
+    if max_engines is not None and not _pos_int(max_engines):
+        raise ProfileError(profile.path, "--max-engines", "a positive integer", max_engines)
+    if engine_args and not all(isinstance(a, str) and a for a in engine_args):
+        raise ProfileError(profile.path, "--engine-arg", "non-empty strings", engine_args)
+    engine = replace(profile.engine, extra_args=[*profile.engine.extra_args, *(engine_args or [])])
+    return replace(profile, scenarios=chosen, engine=engine,
+                   max_engines=profile.max_engines if max_engines is None else max_engines)
 
 
 class _Validator:

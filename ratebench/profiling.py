@@ -804,7 +804,7 @@ def summarize_recording(rec: PySpyRecording) -> EngineRow:
 
 def _engine_spec_for(profile, r_max: int, settings: EngineProfileSettings, model_path: str):
     from ratebench.engine import EngineSpec
-    from ratebench.runner import profile_engine_flags
+    from ratebench.plan import profile_engine_flags
 
     flags = profile_engine_flags(profile)
     max_num_seqs = max(r_max, profile.engine.max_num_seqs)

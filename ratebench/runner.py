@@ -2,12 +2,14 @@
 
 The run folder follows ``docs/run-folder.md``. Each scenario is a list of phases,
 each on one engine. Before a phase, its engine runs, with as many of the engines
-of the following phases as ``profile.max_engines`` allows (started together; one
-at a time on a GPU, whose memory one engine takes); an engine stops as soon as no
-later phase needs it. The stock engine (overhead scenario) runs the real pristine
-vLLM through an import overlay (see ``ratebench.engine``): the installed tree stays
-patched throughout. An interrupted run (Ctrl-C, SIGTERM) is marked
-``partial`` and never reported as a pass; no engine process outlives the run.
+of the following phases as ``profile.max_engines`` allows (started together on a
+CPU; one after another on a GPU, where vLLM sizes its KV cache from the memory
+free while it starts); an engine stops as soon as no later phase needs it. The
+engines' specs and the phases come from ``ratebench.plan``, which
+``ratebench run --dry-run`` prints. The stock engine (overhead scenario) runs the
+real pristine vLLM through an import overlay (see ``ratebench.engine``): the
+installed tree stays patched throughout. An interrupted run (Ctrl-C, SIGTERM) is
+marked ``partial`` and never reported as a pass; no engine process outlives the run.
 """
 
 from __future__ import annotations
@@ -40,20 +42,20 @@ from ratebench.engine import (
     groups_cpu_s,
     launch_engine,
     machine_busy_cpu_s,
+    records_events,
     wait_ready,
     warm_up,
 )
 from ratebench.events import EventFileError, read_engine_events, write_client_records
+from ratebench.models import SOURCE_TINY, model_choice
+from ratebench.plan import engine_spec, engines_wanted, plan_phases, scenarios_for
 from ratebench.profiles import Profile
 from ratebench.scenarios import (
     ROLE_FEATURE_ON,
-    ROLE_NO_EVENTS,
-    ROLE_STOCK,
     EngineRef,
     PhaseRecord,
     ScenarioContext,
     engine_name,
-    plan_scenario,
 )
 from ratebench.workload import Driver, WorkloadError
 
@@ -131,23 +133,6 @@ def git_commit() -> str | None:
     if out.returncode != 0:
         return None
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def profile_engine_flags(profile: Profile) -> list[str]:
-    """The profile's vLLM flags, the same for every engine of a run."""
-    e, m = profile.engine, profile.model
-    flags = ["--max-num-seqs", str(e.max_num_seqs), "--max-num-active-seqs", str(e.max_num_active_seqs)]
-    if e.max_num_batched_tokens is not None:
-        flags += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
-    if e.enable_chunked_prefill is not None:
-        flags.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
-    if e.enable_prefix_caching is not None:
-        flags.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
-    if m.max_model_len is not None:
-        flags += ["--max-model-len", str(m.max_model_len)]
-    if m.dtype is not None:
-        flags += ["--dtype", m.dtype]
-    return flags + list(e.extra_args)
 
 
 class Run:
@@ -230,41 +215,27 @@ class Run:
                 raise RunError(str(exc)) from exc
         if self.options.endpoint is not None:
             return
-        m = self.profile.model
-        if self.options.model is not None:
-            self.model_path = self.options.model
-        elif m.source == "tiny":
+        choice = model_choice(self.profile, self.options.model)
+        if choice.source == SOURCE_TINY:
             from ratebench.tinymodel import ensure_tiny_model
 
             self.console.print("[bold]model[/]: generating (or reusing) the tiny Qwen3")
-            self.model_path = str(ensure_tiny_model())
-        else:
-            self.model_path = m.name
-        if self.model_path and Path(self.model_path).is_dir():
-            self.model_dir = Path(self.model_path).resolve()
-            self.model_path = str(self.model_dir)
+            ensure_tiny_model()
+            choice = model_choice(self.profile, self.options.model)
+        self.model_path, self.model_dir = choice.path, choice.local_dir
         self.manifest["model_path"] = self.model_path
 
-    def engine_spec(self, name: str) -> EngineSpec:
-        role, mode = name.rsplit("-", 1)
-        feature = role in (ROLE_FEATURE_ON, ROLE_NO_EVENTS) and self.options.use_patch
-        kind = "stock" if role == ROLE_STOCK or not self.options.use_patch else "patched"
-        lim = self.profile.limits
-        pristine = None
-        if kind == "stock" and self.options.use_patch:
-            if self._pristine_files is None:
-                from ratebench import patching
+    def pristine_files(self) -> dict[str, bytes | None]:
+        """The pristine content of the files the patch touches (read once, for stock engines)."""
+        if self._pristine_files is None:
+            from ratebench import patching
 
-                self._pristine_files = patching.read_pristine_files()
-            pristine = self._pristine_files
-        return EngineSpec(
-            name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"), pristine_files=pristine,
-            model=self.model_path or "", served_name=self.profile.model.served_name,
-            flags=profile_engine_flags(self.profile),
-            default_tps=lim.default_tps if feature else None,
-            user_tps=dict(lim.user_tps) if feature else {},
-            env=dict(self.profile.engine.env), record_events=role != ROLE_NO_EVENTS,
-        )
+            self._pristine_files = patching.read_pristine_files()
+        return self._pristine_files
+
+    def engine_spec(self, name: str) -> EngineSpec:
+        return engine_spec(self.profile, name, self.model_path or "", use_patch=self.options.use_patch,
+                           pristine_files=self.pristine_files)
 
     def warm_up_plan(self) -> WarmUpPlan:
         """The warm-up wave: the profile's max_num_seqs short streams at once, and one prompt of
@@ -286,7 +257,7 @@ class Run:
             "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
             "stopped_monotonic_ns": None, "killed_pids": [],
             "stock_overlay": spec.pristine_files is not None,
-            "record_events": spec.record_events and spec.kind == "patched", "warm_up": None,
+            "record_events": records_events(spec), "warm_up": None,
         }
         self.write_manifest()
         self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
@@ -324,11 +295,15 @@ class Run:
         return machine_busy_cpu_s(), own.user + own.system + engines
 
     def ensure_engines(self, names: list[str]) -> None:
-        """Start the engines not running yet, all at once, and wait until they serve."""
+        """Start the engines not running yet and wait until they serve: all at once, or one after
+        another on a GPU (vLLM sizes its KV cache from the GPU memory free while it starts; an engine
+        starting beside it skews that)."""
         missing = [n for n in dict.fromkeys(names) if n not in self.engines]
-        if missing:
+        if not missing:
+            return
+        for wave in ([n] for n in missing) if self.profile.device == "cuda" else [missing]:
             t0 = time.monotonic()
-            self._ready([self._launch(n) for n in missing], t0)
+            self._ready([self._launch(n) for n in wave], t0)
 
     def stop(self, name: str, *, settle: bool = True) -> None:
         engine = self.engines.pop(name, None)
@@ -400,22 +375,14 @@ class Run:
     # ---- the run ----------------------------------------------------------------------
 
     def scenarios_to_run(self):
-        out = []
-        for spec in self.profile.scenarios:
-            if self.options.endpoint is not None:
-                if spec.kind == "overhead":
-                    self.manifest["skipped_scenarios"].append(
-                        {"scenario": spec.name, "why": "overhead needs engines ratebench launches (not --endpoint)"})
-                    continue
-                spec = type(spec)(name=spec.name, kind=spec.kind, scheduling=spec.scheduling[:1], params=spec.params)
-            out.append(spec)
-        return out
+        specs, skipped = scenarios_for(self.profile, self.options.endpoint)
+        self.manifest["skipped_scenarios"].extend(skipped)
+        return specs
 
     def arrange_engines(self, upcoming: list[str]) -> None:
         """Have the next phase's engine running, and as many of the following ones as
         profile.max_engines allows (started together); stop the others."""
-        by_next_use = list(dict.fromkeys(upcoming))
-        wanted = by_next_use[: self.profile.max_engines]
+        wanted = engines_wanted(upcoming, self.profile.max_engines)
         for name in list(self.engines):
             if name not in wanted:
                 self.stop(name)
@@ -423,7 +390,7 @@ class Run:
 
     def execute(self) -> None:
         specs = self.scenarios_to_run()
-        plans = [(spec, plan) for spec in specs for plan in plan_scenario(spec)]
+        plans = plan_phases(specs)
         # the plan, so that verify-bound --partial can name the phases an interrupted run never started
         self.manifest["planned_phases"] = [
             {"scenario": plan.scenario, "phase": plan.phase,

@@ -24,7 +24,7 @@ import httpx
 
 from ratebench.analysis import overhead as overhead_analysis
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
-from ratebench.profiles import ANONYMOUS_USER, Profile, ScenarioSpec
+from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
 # Engine roles: the engine with the limiter on, the same with engine events off (overhead
@@ -139,13 +139,23 @@ class ScenarioContext:
 
 
 @dataclass
+class PhaseEstimate:
+    """How long a phase lasts at the least, from what it sends and the users' limits."""
+
+    at_least_s: float | None  # None: no limit binds, the engine's speed sets the duration
+    basis: str  # how it was derived, in words
+
+
+@dataclass
 class PhasePlan:
-    """One phase of a scenario: the engine it runs on, and what it sends there."""
+    """One phase of a scenario: the engine it runs on, what it sends there, how long it should take."""
 
     scenario: str
     phase: str
     engine: str  # engine name
     run: Callable[[ScenarioContext, EngineRef], Awaitable[None]]
+    # the users' limits on that engine (None: limiter off) -> the expected duration
+    estimate: Callable[[Limits | None], PhaseEstimate]
 
 
 def plan_scenario(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -184,6 +194,22 @@ def _main_engine(spec: ScenarioSpec) -> str:
     return engine_name(ROLE_FEATURE_ON, spec.scheduling[0])
 
 
+def _at_limits(limits: Limits | None, budgets: list[tuple[str | None, int, int]], *, wait_s: float = 0.0,
+               wait: str = "") -> PhaseEstimate:
+    """Each (user, streams, tokens per stream) takes streams x tokens / the user's limit (its 100 ms
+    burst left out); the phase lasts as long as its slowest user, plus ``wait_s`` (``wait`` says what)."""
+    if limits is None:
+        return PhaseEstimate(None, "limiter off: the engine's speed sets it")
+    seconds, parts = [], []
+    for user, streams, tokens in budgets:
+        limit = limits.limit_of(user)
+        seconds.append(streams * tokens / limit)
+        parts.append(f"{user or ANONYMOUS_USER} {streams} x {tokens} tok at {limit} tok/s: {seconds[-1]:.1f} s")
+    if wait_s:
+        parts.append(f"{wait} {wait_s:g} s")
+    return PhaseEstimate(max(seconds) + wait_s, "; ".join(parts))
+
+
 def seed_experiment(spec: ScenarioSpec) -> list[PhasePlan]:
     """The seed's experiment: a low-limit user with 1 then 4 streams beside a higher-limit user."""
     p = spec.params
@@ -200,11 +226,16 @@ def seed_experiment(spec: ScenarioSpec) -> list[PhasePlan]:
             }, params={"ignore_eos": True, "scheduling": mode})
         return run
 
+    def estimate_of(n: int) -> Callable[[Limits | None], PhaseEstimate]:
+        return lambda limits: _at_limits(limits, [(p["user"], n, p["max_tokens"]),
+                                                  (p["neighbour"], p["neighbour_streams"], p["neighbour_max_tokens"])])
+
     plans = []
     for mode in spec.scheduling:
         for n in p["streams"]:
             phase = f"{n}-stream" if n == 1 else f"{n}-streams"
-            plans.append(PhasePlan(spec.name, phase, engine_name(ROLE_FEATURE_ON, mode), phase_of(n, mode, phase)))
+            plans.append(PhasePlan(spec.name, phase, engine_name(ROLE_FEATURE_ON, mode), phase_of(n, mode, phase),
+                                   estimate_of(n)))
     return plans
 
 
@@ -230,8 +261,14 @@ def isolation(spec: ScenarioSpec) -> list[PhasePlan]:
             user: {"streams": p["streams"], "backlogged": False},
         }, role="shared", params={"throttled_max_tokens": throttled_tokens})
 
+    def estimate(lead_s: float) -> Callable[[Limits | None], PhaseEstimate]:
+        # The throttled user's streams run in the background, closed when the user's streams end.
+        return lambda limits: _at_limits(limits, [(user, p["streams"], p["max_tokens"])], wait_s=lead_s,
+                                         wait="after a lead of")
+
     main = _main_engine(spec)
-    return [PhasePlan(spec.name, "baseline", main, baseline), PhasePlan(spec.name, "shared", main, shared)]
+    return [PhasePlan(spec.name, "baseline", main, baseline, estimate(0.0)),
+            PhasePlan(spec.name, "shared", main, shared, estimate(p["lead_s"]))]
 
 
 def cancellation(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -256,8 +293,20 @@ def cancellation(spec: ScenarioSpec) -> list[PhasePlan]:
                                 _salt(ctx, engine, "followup"))
         await ctx.phase(engine, "followup", follow, {user: {"streams": p["followup_streams"], "backlogged": True}})
 
+    def estimate_cancel(limits: Limits | None) -> PhaseEstimate:
+        # Even streams close after cancel_after_tokens tokens, odd ones after cancel_after_s.
+        by_tokens = _at_limits(limits, [(user, (p["streams"] + 1) // 2, p["cancel_after_tokens"])])
+        if by_tokens.at_least_s is None or by_tokens.at_least_s < p["cancel_after_s"]:
+            return PhaseEstimate(p["cancel_after_s"], f"the last streams close after {p['cancel_after_s']:g} s")
+        return by_tokens
+
+    def estimate_followup(limits: Limits | None) -> PhaseEstimate:
+        return _at_limits(limits, [(user, p["followup_streams"], p["followup_max_tokens"])], wait_s=p["settle_s"],
+                          wait="after a pause of")
+
     main = _main_engine(spec)
-    return [PhasePlan(spec.name, "cancel", main, cancel), PhasePlan(spec.name, "followup", main, followup)]
+    return [PhasePlan(spec.name, "cancel", main, cancel, estimate_cancel),
+            PhasePlan(spec.name, "followup", main, followup, estimate_followup)]
 
 
 def long_prompt(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -269,7 +318,8 @@ def long_prompt(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "long-prompt", reqs, {p["user"]: {"streams": p["streams"], "backlogged": True}},
                         params={"max_num_batched_tokens": ctx.profile.engine.max_num_batched_tokens})
 
-    return [PhasePlan(spec.name, "long-prompt", _main_engine(spec), run)]
+    return [PhasePlan(spec.name, "long-prompt", _main_engine(spec), run,
+                      lambda limits: _at_limits(limits, [(p["user"], p["streams"], p["max_tokens"])]))]
 
 
 def prefix_cache(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -295,7 +345,8 @@ def prefix_cache(spec: ScenarioSpec) -> list[PhasePlan]:
                         {p["user"]: {"streams": p["concurrency"], "backlogged": True}},
                         concurrency=p["concurrency"], extra=hits)
 
-    return [PhasePlan(spec.name, "prefix-cache", _main_engine(spec), run)]
+    return [PhasePlan(spec.name, "prefix-cache", _main_engine(spec), run,
+                      lambda limits: _at_limits(limits, [(p["user"], p["requests"], p["max_tokens"])]))]
 
 
 def eos(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -322,7 +373,13 @@ def eos(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "eos", reqs, {p["user"]: {"streams": p["concurrency"], "backlogged": False}},
                         concurrency=p["concurrency"], params={"ignore_eos": False, **extra_params})
 
-    return [PhasePlan(spec.name, "eos", _main_engine(spec), run)]
+    def estimate(limits: Limits | None) -> PhaseEstimate:
+        # Answers end at EOS: with the logit bias at their chosen length, else anywhere from one token.
+        shortest = p["answer_tokens"][0] if p["eos_logit_bias"] else 1
+        est = _at_limits(limits, [(p["user"], p["requests"], shortest)])
+        return PhaseEstimate(est.at_least_s, f"answers end at EOS, at the shortest: {est.basis}")
+
+    return [PhasePlan(spec.name, "eos", _main_engine(spec), run, estimate)]
 
 
 def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -338,7 +395,8 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
             ANONYMOUS_USER: {"streams": p["streams"] + p["spoof_streams"], "backlogged": True},
         }, params={"openai_user": p["spoof_as"]})
 
-    return [PhasePlan(spec.name, "anonymous", _main_engine(spec), run)]
+    return [PhasePlan(spec.name, "anonymous", _main_engine(spec), run,
+                      lambda limits: _at_limits(limits, [(None, p["streams"] + p["spoof_streams"], p["max_tokens"])]))]
 
 
 def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -359,6 +417,9 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
                             role=role_names[role], params={"round": rnd + 1, "scheduling": mode})
         return run
 
+    def estimate(limits: Limits | None) -> PhaseEstimate:
+        return PhaseEstimate(None, f"limits never reached: {p['streams']} x {p['max_tokens']} tok")
+
     plans = []
     for mode in spec.scheduling:
         roles = [ROLE_FEATURE_ON, ROLE_FEATURE_OFF, ROLE_STOCK]
@@ -369,7 +430,8 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
             order = roles[rnd % len(roles):] + roles[: rnd % len(roles)]
             for role in order:
                 phase = f"{role_names[role]}-{mode}-{rnd + 1}"
-                plans.append(PhasePlan(spec.name, phase, engine_name(role, mode), phase_of(phase, role, rnd, mode)))
+                plans.append(PhasePlan(spec.name, phase, engine_name(role, mode), phase_of(phase, role, rnd, mode),
+                                       estimate))
     return plans
 
 

@@ -217,6 +217,12 @@ def ensure_tiny_model(
     return dest
 
 
+def tiny_model_is_generated(dest: Path | None = None, settings: TinyModelSettings = DEFAULT_SETTINGS) -> bool:
+    """Whether a complete tiny model matching ``settings`` is at ``dest`` (reads, never generates)."""
+    dest = Path(dest).expanduser() if dest is not None else default_tiny_model_path()
+    return _is_complete(dest.absolute(), settings_hash(settings))
+
+
 def read_tiny_model_info(path: Path) -> TinyModelInfo:
     """Read the stamp of a generated model folder."""
     stamp_path = Path(path) / STAMP_FILE

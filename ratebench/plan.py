@@ -1,0 +1,172 @@
+"""What a run will do, before it does it: the model, the engines (command line and
+environment), the scenarios' phases in order with their expected durations.
+
+The runner builds its engines and phases with these functions, and
+``ratebench run --dry-run`` prints the same plan (:func:`plan_run`) without launching,
+generating or writing anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ratebench.engine import EngineSpec, engine_env, records_events
+from ratebench.models import ModelChoice, model_choice
+from ratebench.profiles import Profile, ScenarioSpec
+from ratebench.scenarios import (
+    ROLE_FEATURE_ON,
+    ROLE_NO_EVENTS,
+    ROLE_STOCK,
+    PhaseEstimate,
+    PhasePlan,
+    plan_scenario,
+)
+
+# Stand-ins in a dry run for what a real run settles only when it starts an engine.
+PORT_PLACEHOLDER = "<free port>"
+RUN_DIR_PLACEHOLDER = "<run folder>"
+OVERLAY_PLACEHOLDER = "<temporary overlay folder>"
+
+
+def profile_engine_flags(profile: Profile) -> list[str]:
+    """The profile's vLLM flags, the same for every engine of a run."""
+    e, m = profile.engine, profile.model
+    flags = ["--max-num-seqs", str(e.max_num_seqs), "--max-num-active-seqs", str(e.max_num_active_seqs)]
+    if e.max_num_batched_tokens is not None:
+        flags += ["--max-num-batched-tokens", str(e.max_num_batched_tokens)]
+    if e.enable_chunked_prefill is not None:
+        flags.append("--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if e.enable_prefix_caching is not None:
+        flags.append("--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching")
+    if m.max_model_len is not None:
+        flags += ["--max-model-len", str(m.max_model_len)]
+    if m.dtype is not None:
+        flags += ["--dtype", m.dtype]
+    return flags + list(e.extra_args)
+
+
+def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool,
+                pristine_files: Callable[[], dict[str, bytes | None]]) -> EngineSpec:
+    """The engine ``name`` (role-mode: patched-sync, stock-async, ...) of a run of ``profile``.
+
+    ``pristine_files`` is called only for a stock engine beside the patch (served through the
+    import overlay); ``use_patch`` False: every engine is stock vLLM as installed, limiter flags left out.
+    """
+    role, mode = name.rsplit("-", 1)
+    feature = role in (ROLE_FEATURE_ON, ROLE_NO_EVENTS) and use_patch
+    kind = "stock" if role == ROLE_STOCK or not use_patch else "patched"
+    lim = profile.limits
+    return EngineSpec(
+        name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"),
+        pristine_files=pristine_files() if kind == "stock" and use_patch else None,
+        model=model_path, served_name=profile.model.served_name,
+        flags=profile_engine_flags(profile),
+        default_tps=lim.default_tps if feature else None,
+        user_tps=dict(lim.user_tps) if feature else {},
+        env=dict(profile.engine.env), record_events=role != ROLE_NO_EVENTS,
+    )
+
+
+def scenarios_for(profile: Profile, endpoint: str | None) -> tuple[list[ScenarioSpec], list[dict[str, str]]]:
+    """The scenarios a run goes through, and those it skips (with why): attached to a server
+    (``endpoint``), overhead is skipped and each scenario runs in its first scheduling mode only."""
+    specs, skipped = [], []
+    for spec in profile.scenarios:
+        if endpoint is not None:
+            if spec.kind == "overhead":
+                skipped.append({"scenario": spec.name,
+                                "why": "overhead needs engines ratebench launches (not --endpoint)"})
+                continue
+            spec = type(spec)(name=spec.name, kind=spec.kind, scheduling=spec.scheduling[:1], params=spec.params)
+        specs.append(spec)
+    return specs, skipped
+
+
+def plan_phases(specs: list[ScenarioSpec]) -> list[tuple[ScenarioSpec, PhasePlan]]:
+    """Every phase of the scenarios, in the order they run."""
+    return [(spec, plan) for spec in specs for plan in plan_scenario(spec)]
+
+
+def engines_wanted(upcoming: list[str], max_engines: int) -> list[str]:
+    """Before a phase (``upcoming``: the engines of it and the phases after it, in order): its engine
+    and as many of the following phases' as ``max_engines`` allows, by next use."""
+    return list(dict.fromkeys(upcoming))[:max_engines]
+
+
+def engine_starts(phase_engines: list[str], max_engines: int) -> list[list[str]]:
+    """The engines a run starts, wave by wave (a wave before a phase): the runner keeps
+    :func:`engines_wanted` running before each phase and stops an engine no later phase needs."""
+    running: set[str] = set()
+    waves = []
+    for k in range(len(phase_engines)):
+        wanted = engines_wanted(phase_engines[k:], max_engines)
+        wave = [n for n in wanted if n not in running]
+        if wave:
+            waves.append(wave)
+        running = set(wanted) & set(phase_engines[k + 1:])
+    return waves
+
+
+@dataclass
+class PlannedEngine:
+    """An engine a run launches: its spec, its exact command line and what it sets in its environment."""
+
+    spec: EngineSpec
+    argv: list[str]
+    env: dict[str, str]  # over the inherited environment, from which the event file variable is removed
+    phases: int  # how many phases run on it
+
+
+@dataclass
+class PlannedPhase:
+    scenario: str
+    kind: str
+    phase: str
+    engine: str
+    estimate: PhaseEstimate
+
+
+@dataclass
+class RunPlan:
+    """What ``ratebench run`` would do with these options."""
+
+    profile: Profile
+    model: ModelChoice | None  # None: attached to --endpoint
+    endpoint: str | None
+    use_patch: bool
+    engines: list[PlannedEngine] = field(default_factory=list)  # in order of first use
+    phases: list[PlannedPhase] = field(default_factory=list)
+    engine_starts: list[list[str]] = field(default_factory=list)  # waves, see engine_starts()
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+
+    def at_least_s(self) -> float:
+        """The phases' expected durations added up (those the engine's speed sets count 0)."""
+        return sum(p.estimate.at_least_s or 0.0 for p in self.phases)
+
+
+def plan_run(profile: Profile, *, model: str | None = None, endpoint: str | None = None,
+             use_patch: bool = True) -> RunPlan:
+    """The plan of a run; reads the profile and looks for the model, launches and writes nothing."""
+    specs, skipped = scenarios_for(profile, endpoint)
+    phases = plan_phases(specs)
+    plan = RunPlan(profile=profile, model=None if endpoint is not None else model_choice(profile, model),
+                   endpoint=endpoint, use_patch=use_patch, skipped=skipped)
+    specs_by_engine: dict[str, EngineSpec] = {}
+    uses: dict[str, int] = {}
+    for spec, phase in phases:
+        uses[phase.engine] = uses.get(phase.engine, 0) + 1
+        if endpoint is None and phase.engine not in specs_by_engine:
+            specs_by_engine[phase.engine] = engine_spec(profile, phase.engine, plan.model.path, use_patch=use_patch,
+                                                        pristine_files=dict)  # {}: the overlay, not its content
+        feature = endpoint is not None or specs_by_engine[phase.engine].feature
+        plan.phases.append(PlannedPhase(spec.name, spec.kind, phase.phase, phase.engine,
+                                        phase.estimate(profile.limits if feature else None)))
+    for name, spec in specs_by_engine.items():
+        events = f"{RUN_DIR_PLACEHOLDER}/engines/{name}/events.rbev" if records_events(spec) else None
+        overlay = OVERLAY_PLACEHOLDER if spec.pristine_files is not None else None
+        plan.engines.append(PlannedEngine(spec, spec.argv(PORT_PLACEHOLDER),
+                                          engine_env(spec, events_path=events, overlay_dir=overlay), uses[name]))
+    if endpoint is None:
+        plan.engine_starts = engine_starts([ph.engine for ph in plan.phases], profile.max_engines)
+    return plan
