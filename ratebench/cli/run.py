@@ -60,13 +60,13 @@ def run(
     model: Annotated[str | None, typer.Option("--model", help="model folder or id instead of the profile's")] = None,
     no_verify: Annotated[bool, typer.Option("--no-verify", help="skip the verdict at the end")] = False,
     scenario: Annotated[list[str] | None, typer.Option(
-        "--scenario", help="run only this scenario of the profile (by name; repeatable)")] = None,
+        "--scenario", metavar="NAME", help="run only this scenario of the profile (by name; repeatable)")] = None,
     overhead_rounds: Annotated[int | None, typer.Option(
         "--overhead-rounds", help="rounds of the overhead scenario instead of the profile's")] = None,
     max_engines: Annotated[int | None, typer.Option(
         "--max-engines", help="engines alive at once instead of the profile's max_engines")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option(
-        "--engine-arg", help="one more `vllm serve` argument for every engine, after the profile's "
+        "--engine-arg", metavar="ARG", help="one more `vllm serve` argument for every engine, after the profile's "
                              "(repeatable; e.g. --engine-arg=--gpu-memory-utilization=0.2)")] = None,
     dry_run: Annotated[bool, typer.Option(
         "--dry-run", help="print the model, each engine's command line and environment, and the phases with "
