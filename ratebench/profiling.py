@@ -506,7 +506,8 @@ def split_frame(frame: str) -> tuple[str, str]:
 # Categories of the engine table: a sample belongs to each category one of its frames
 # belongs to (not exclusive: the limiter runs inside schedule()). The limiter: the
 # functions of output_rate.py and the scheduler's methods named *output_rate* (e.g.
-# _limit_output_rate_tokens, _settle_output_rate_charges), except the rotation.
+# _limit_output_rate_tokens, _settle_output_rate_charges), except the rotation (of one user's
+# streams, and of users over the active places).
 
 
 def frame_categories(func: str, file: str) -> set[str]:
@@ -516,7 +517,7 @@ def frame_categories(func: str, file: str) -> set[str]:
             cats.add("schedule")
         elif func == "update_from_output":
             cats.add("update_from_output")
-        elif func == "_rotate_output_rate_requests":
+        elif func in ("_rotate_output_rate_requests", "_order_output_rate_running"):
             cats.add("rotation")
         elif "output_rate" in func:
             cats.add("limiter")

@@ -421,6 +421,84 @@ def test_engine_events_record_dispatch_emit_and_finish(tmp_path, monkeypatch):
     assert reasons == {"r0": 2, "r1": 2, "cut": 3}  # length, length, abort
 
 
+# ---- users take the active places in turn -----------------------------------------------
+
+BOTH_POLICIES = pytest.mark.parametrize("policy", ["fcfs", "priority"])
+
+
+def jain_index(values) -> float:
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def run_active_places(users, streams_per_user, *, default_tps, user_tps=None, active, async_scheduling, policy,
+                      warmup_s=1.0, measure_s=5.0):
+    """Every user's streams arrive at once (stream 0 of every user, then stream 1, ...), with more
+    streams than active places; returns each user's tokens in the measured span and the largest
+    spread of those counts between users at any step."""
+    clock = FakeClock()
+    s = create_scheduler(default_tps=default_tps, user_tps=user_tps, max_num_seqs=64, max_num_active_seqs=active,
+                         async_scheduling=async_scheduling, policy=policy, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    streams = {user: [] for user in users}
+    for k in range(streams_per_user):
+        for user in users:
+            request = make_request(f"{user}-{k}", user=user, max_tokens=100_000)
+            streams[user].append(request)
+            e.add(request)
+    e.run_for_s(warmup_s)
+    start = {r.request_id: r.num_output_tokens for rs in streams.values() for r in rs}
+    spread = 0
+    for _ in range(round(measure_s / 0.01)):
+        e.step()
+        tokens = {u: sum(r.num_output_tokens - start[r.request_id] for r in rs) for u, rs in streams.items()}
+        spread = max(spread, max(tokens.values()) - min(tokens.values()))
+    return tokens, spread
+
+
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_users_with_equal_limits_share_the_active_places_equally(async_scheduling, policy):
+    # 8 users at 40 tok/s, 3 streams each, 2 active places of 10 ms steps: 200 tok/s for 320 asked,
+    # 25 tok/s each. (The running loop's list order gave 0 to 200 tokens a user: Jain 0.69.)
+    tokens, spread = run_active_places([f"u{i}" for i in range(8)], 3, default_tps=40, active=2,
+                                       async_scheduling=async_scheduling, policy=policy)
+    assert jain_index(list(tokens.values())) >= 0.95, tokens
+    assert spread <= 2, tokens
+    assert all(120 <= n <= 130 for n in tokens.values()), tokens
+
+
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_a_user_with_a_higher_limit_is_not_starved_of_places_by_many_low_limits(async_scheduling, policy):
+    # 24 users at 20 tok/s (2 streams each) ask 480 tok/s of 4 places (400 tok/s); user h (1000 tok/s,
+    # arriving last) gets a place as often as any of them: 400 / 25 = 16 tok/s each. (In list order
+    # h was never admitted: 0 tokens.)
+    users = [f"low{i}" for i in range(24)] + ["h"]
+    tokens, _ = run_active_places(users, 2, default_tps=20, user_tps={"h": 1000}, active=4,
+                                  async_scheduling=async_scheduling, policy=policy)
+    low = [n for u, n in tokens.items() if u != "h"]
+    assert tokens["h"] >= 0.9 * max(low), tokens
+    assert jain_index(low) >= 0.95, tokens
+
+
+def test_a_waiting_stream_takes_its_users_turn_so_every_stream_gets_tokens():
+    # More users than places: a user's streams still in the queue are admitted at their user's turn
+    # and rotate with the one already running.
+    clock = FakeClock()
+    s = create_scheduler(default_tps=40, max_num_seqs=64, max_num_active_seqs=2, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    streams = [make_request(f"u{i}-{k}", user=f"u{i}", max_tokens=100_000) for k in range(3) for i in range(8)]
+    e.add(*streams)
+    e.run_for_s(2.0)
+    assert s.get_request_counts() == (24, 0)  # all admitted
+    before = sampled_counts(e, streams)
+    e.run_for_s(3.0)
+    counts = [n - b for n, b in zip(sampled_counts(e, streams), before)]
+    for i in range(8):  # 75 tokens a user in 3 s, 25 a stream
+        mine = counts[i::8]
+        assert min(mine) >= 20 and max(mine) - min(mine) <= 2, counts
+
+
 # ---- with the feature off, the scheduler is the upstream one ---------------------------
 
 
