@@ -94,8 +94,8 @@ def isolation() -> Workload:
 
 def kv_isolation() -> Workload:
     """user-b alone, then arriving 0.3 s after user-a's eight 100-token prompts fill the KV cache
-    (chunked prefill on, as vLLM's default). Not among the clean workloads: the shipped patch keeps
-    user-b's first token on time but not user-a's stream turns (see the xfail below)."""
+    (chunked prefill on, as vLLM's default). A stream of user-a preempted for user-b keeps its claim
+    on user-a's turns (test_a_throttled_users_streams_keep_turns_under_kv_pressure below)."""
     return Workload(default_tps=100, user_tps={"user-a": 20, "user-b": 100_000}, phases=[
         Phase("baseline", [Stream("user-b", 50, prompt_len=32)], role="baseline", scenario="isolation",
               kind="isolation"),
@@ -349,9 +349,6 @@ def test_a_neighbours_first_token_is_on_time_under_kv_pressure_from_parked_reque
     assert check(verdict, "isolation-ttft", "shared", "user-b").passed
 
 
-@pytest.mark.xfail(strict=True, reason="patch: under KV pressure a throttled user's stream preempted for the "
-                   "neighbour waits in the queue for KV while its siblings keep theirs and the whole budget "
-                   "(the running loop spends it before the waiting loop); stream-fairness: spread 6")
 def test_a_throttled_users_streams_keep_turns_under_kv_pressure(judged):
     _, verdict = judged("kv_isolation")
     assert verdict.passed, verdict.summary()

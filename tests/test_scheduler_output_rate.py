@@ -16,6 +16,7 @@ from sched_harness import Engine, FakeClock, create_scheduler, make_request
 pytestmark = pytest.mark.usefixtures("patched_vllm")
 
 SYNC_AND_ASYNC = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+BOTH_POLICIES = pytest.mark.parametrize("policy", ["fcfs", "priority"])
 
 
 def sampled_counts(engine: Engine, requests) -> list[int]:
@@ -354,12 +355,93 @@ def test_a_charged_waiting_request_preempts_parked_requests_for_kv_and_an_unchar
     b = make_request("b", user="b", prompt_len=40, max_tokens=100)
     e.add(b)
     # a3, ahead of b in the queue, does not fit and is passed over; b is charged and needs three
-    # blocks: the parked request that arrived last goes.
+    # blocks: of the parked requests (as costly to redo), the one user a needs last goes: a0,
+    # which had its token while a1 and a2 wait for their first.
     out = e.step()
-    assert out.preempted_req_ids == {"a2"}
+    assert out.preempted_req_ids == {"a0"}
     assert out.num_scheduled_tokens["b"] == 40
-    assert a[2].status.name == "PREEMPTED" and not a[2].output_rate_parked
-    assert s.get_request_counts() == (3, 2)  # a0, a1 parked and b running; a2 and a3 waiting
+    assert a[0].status.name == "PREEMPTED" and not a[0].output_rate_parked
+    assert s.get_request_counts() == (3, 2)  # a1, a2 parked and b running; a0 and a3 waiting
+
+
+def _three_parked(*, enable_prefix_caching: bool, num_blocks: int, **kw):
+    """x0 (user x, 1 tok/s) and s0, s1 (user s, 5 tok/s) parked with 80-token prompts; s0 and s1's
+    prompts are the same (with the prefix cache they share four full blocks), s1 came last."""
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"b": 1000, "s": 5}, num_blocks=num_blocks, block_size=16,
+                         enable_prefix_caching=enable_prefix_caching, clock=clock, **kw)
+    e = Engine(s, clock, step_s=0.01)
+    x0 = make_request("x0", user="x", prompt_len=80, max_tokens=50, prompt_token=5)
+    s0, s1 = (make_request(f"s{i}", user="s", prompt_len=80, max_tokens=50, prompt_token=9) for i in range(2))
+    e.add(x0, s0)
+    e.step()
+    e.add(s1)
+    e.run_for_s(0.05)
+    assert all(r.output_rate_parked for r in (x0, s0, s1))
+    return clock, s, e
+
+
+def test_the_throttled_request_preempted_first_is_the_cheapest_to_redo_then_the_one_needed_last():
+    # With the prefix cache, s1 holds one block of its own (the rest is s0's prompt too): preempting
+    # it frees what b needs and costs one block to redo, where x0 would cost five.
+    clock, s, e = _three_parked(enable_prefix_caching=True, num_blocks=13)
+    e.add(make_request("b", user="b", prompt_len=30, max_tokens=5))
+    out = e.step()
+    assert out.preempted_req_ids == {"s1"} and out.num_scheduled_tokens["b"] == 30
+    # Without it all three are as costly: x0 goes, whose user is ready in 0.84 s (s's in 0.04 s, and
+    # s1's turn 0.2 s later); by arrival alone s1 would have gone.
+    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16)
+    e.add(make_request("b", user="b", prompt_len=30, max_tokens=5))
+    out = e.step()
+    assert out.preempted_req_ids == {"x0"} and out.num_scheduled_tokens["b"] == 30
+
+
+def test_a_long_prompt_of_a_user_with_budget_preempts_parked_requests_for_its_first_chunk():
+    # b's first 64-token chunk samples nothing, so it is not charged; its user has budget all the same.
+    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16, max_num_batched_tokens=64)
+    e.add(make_request("b", user="b", prompt_len=70, max_tokens=5))
+    out = e.step()
+    assert out.preempted_req_ids == {"x0"} and out.num_scheduled_tokens["b"] == 64
+
+
+def test_no_parked_request_is_preempted_when_all_of_them_would_not_make_room():
+    # b's 250-token prompt (16 blocks) needs more than the whole cache (15 blocks): nothing is
+    # preempted for it (all three parked requests were, before).
+    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16)
+    e.add(make_request("b", user="b", prompt_len=250, max_tokens=5))
+    out = e.step()
+    assert not out.preempted_req_ids and "b" not in out.num_scheduled_tokens
+    assert s.get_request_counts() == (3, 1)
+
+
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_a_stream_preempted_for_a_neighbour_keeps_its_turns(async_scheduling, policy):
+    # user a (20 tok/s) holds the cache with four 100-token prompts; b's request (2 s of tokens)
+    # preempts one of them. That stream keeps its claim on a's turns: a's next token goes to it when
+    # its turn comes (one of a's parked streams yields its KV), so a's streams stay within 2 tokens.
+    # (Before, a preempted stream waited in the queue for KV while its siblings took a's budget:
+    # 24, 20, 12 and 2 tokens.)
+    clock = FakeClock()
+    s = create_scheduler(default_tps=20, user_tps={"b": 100_000}, num_blocks=30, block_size=16,
+                         async_scheduling=async_scheduling, policy=policy, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    a = [make_request(f"a{i}", user="a", prompt_len=100, max_tokens=60) for i in range(4)]
+    e.add(*a)
+    e.run_for_s(0.3)  # every stream has its first token
+    b = make_request("b", user="b", prompt_len=32, max_tokens=200)
+    e.add(b)
+    preempted = set()
+    worst = 0
+    for _ in range(250):
+        out = e.step()
+        preempted |= out.preempted_req_ids
+        counts = sampled_counts(e, a)
+        worst = max(worst, max(counts) - min(counts))
+    assert preempted and "b" not in preempted
+    assert len(e.token_times["b"]) == 200  # b's tokens every step, from its first step
+    assert e.token_times["b"][-1] - e.token_times["b"][0] == 199 * 10_000_000
+    assert worst <= 2, sampled_counts(e, a)
 
 
 def test_parked_request_can_be_aborted_and_reset_preempts_parked_requests():
@@ -422,9 +504,6 @@ def test_engine_events_record_dispatch_emit_and_finish(tmp_path, monkeypatch):
 
 
 # ---- users take the active places in turn -----------------------------------------------
-
-BOTH_POLICIES = pytest.mark.parametrize("policy", ["fcfs", "priority"])
-
 
 def jain_index(values) -> float:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
