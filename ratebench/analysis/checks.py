@@ -5,6 +5,7 @@ from __future__ import annotations
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.load import RunData
+from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_ON
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
@@ -47,9 +48,13 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
         if row.bound_client is not None:
             checks.append(_bound_check("bound-client", *ids, row.bound_client, "client chunks (information only)",
                                        informational=True))
-        # 2. delivery
+        # 2. delivery, and even spacing (the lower side of the bound on every window)
         if row.backlogged and row.limit_tps:
             checks.append(_delivery(row, th, ids))
+            for name, result, what in (("even-spacing-dispatch", row.spacing_dispatch, "dispatch events"),
+                                       ("even-spacing-emit", row.spacing_emit, "emit events")):
+                if result is not None:
+                    checks.append(_spacing(name, result, what, th, ids))
         # 3. rates, for information
         rate = row.emit_rate or row.client_rate
         if rate is not None and rate.seed_rate_tps is not None:
@@ -107,6 +112,22 @@ def _delivery(row: UserPhaseSummary, th: Thresholds, ids) -> Check:
         f"({r.steady_tokens} tokens beyond the {r.tokens - r.steady_tokens}-token burst over "
         f"{(r.last_ns - r.first_ns) / 1e9:.2f} s)" for src, r, x in ratios)
     return Check("delivery", *ids, round(worst, 4), th.delivery_min, ">=", "x limit", worst >= th.delivery_min, text)
+
+
+def _spacing(name: str, r: SpacingResult, what: str, th: Thresholds, ids) -> Check:
+    """Fewest tokens in a window of the backlog against N * W less 1 + N * (P + slack)."""
+    allowance = r.allowance_tokens(th.spacing_slack_ns)
+    w = r.worst
+    if w is None:
+        return Check(name, *ids, None, round(allowance, 3), "<=", "tokens short", None,
+                     f"no window to judge on {what}: the engine, not the budget, limited the user "
+                     f"(fewer waiting requests than tokens due per step)")
+    ok = w.deficit_tokens <= allowance
+    text = (f"emptiest window {w.window_s * 1e3:.1f} ms on {what} ({r.backlog_s:.2f} s judged in {r.intervals} "
+            f"run(s) of steps): {w.tokens} tokens where {r.limit_tps} tok/s x W = {w.expected_tokens:.2f}, "
+            f"{w.deficit_tokens:.2f} short; allowed 1 + N x (longest step period "
+            f"{r.step_ns / 1e6:.1f} ms + slack {th.spacing_slack_ns / 1e6:g} ms) = {allowance:.2f}")
+    return Check(name, *ids, round(w.deficit_tokens, 3), round(allowance, 3), "<=", "tokens short", ok, text)
 
 
 def _charge_parity(row: UserPhaseSummary, ids) -> Check:

@@ -39,7 +39,20 @@ class EngineStep:
     method: str  # "dispatch-to-emit", or "unavailable: <why>"
 
 
-def estimate_engine_step(
+def estimate_engine_step(*args, **kwargs) -> EngineStep:
+    """Latency from each emit event's dispatch (see the module) to the emit, over the whole engine
+    (``step_latencies``' arguments)."""
+    return engine_step(step_latencies(*args, **kwargs))
+
+
+def engine_step(latencies: tuple[np.ndarray, np.ndarray] | str) -> EngineStep:
+    """The summary of ``step_latencies``' result."""
+    if isinstance(latencies, str):
+        return EngineStep(0, None, None, 0, latencies)
+    return _step(latencies[1], "dispatch-to-emit")
+
+
+def step_latencies(
     dispatch_t_ns: np.ndarray,
     dispatch_req: np.ndarray,
     emit_t_ns: np.ndarray,
@@ -49,15 +62,16 @@ def estimate_engine_step(
     dispatch_groups: Groups | None = None,
     emit_groups: Groups | None = None,
     grouped_times: tuple[np.ndarray, np.ndarray] | None = None,
-) -> EngineStep:
-    """Latency from each emit event's dispatch (see the module) to the emit, over the whole engine.
+) -> tuple[np.ndarray, np.ndarray] | str:
+    """(emit times, their dispatch-to-emit latencies), in no particular order; a reason (str) when
+    there are none.
 
     Inputs time-sorted; ``*_groups``: ``group_by`` of the request arrays, when already computed;
     ``grouped_times``: (dispatch, emit) times already taken in those groups' order.
     O(n) when no request has extra charges, else one binary search per emit event (O(n log n)).
     """
     if len(dispatch_t_ns) == 0 or len(emit_t_ns) == 0:
-        return EngineStep(0, None, None, 0, "unavailable: no dispatch or no emit events")
+        return "unavailable: no dispatch or no emit events"
     n_codes = int(max(dispatch_req.max(), emit_req.max())) + 1
     d_groups = dispatch_groups or group_by(np.asarray(dispatch_req))
     e_groups = emit_groups or group_by(np.asarray(emit_req))
@@ -70,7 +84,7 @@ def estimate_engine_step(
     unit = bool(np.all(emit_count == 1))
     if unit and np.array_equal(d_groups.keys, e_groups.keys) and np.array_equal(d_groups.sizes, e_groups.sizes):
         # the usual case: every request has one dispatch per emitted token, in the same order
-        return _step(e_t - d_t, "dispatch-to-emit")
+        return e_t, e_t - d_t
     d_count = np.zeros(n_codes, dtype=np.int64)
     d_start = np.zeros(n_codes, dtype=np.int64)
     d_count[d_groups.keys] = d_groups.sizes
@@ -87,9 +101,8 @@ def estimate_engine_step(
     pair = np.minimum(np.minimum(ordinal + extra[e_req], d_count[e_req] - 1), latest)
     valid = (pair >= 0) & (e_c > 0)
     if not valid.any():
-        return EngineStep(0, None, None, 0, "unavailable: no emit follows a dispatch of its request")
-    lat = e_t[valid] - d_t[d_start[e_req[valid]] + pair[valid]]
-    return _step(lat, "dispatch-to-emit")
+        return "unavailable: no emit follows a dispatch of its request"
+    return e_t[valid], e_t[valid] - d_t[d_start[e_req[valid]] + pair[valid]]
 
 
 def _latest_at_or_before(d_t: np.ndarray, d_groups: Groups, e_t: np.ndarray, e_groups: Groups,
@@ -128,3 +141,32 @@ def _step(lat: np.ndarray, method: str) -> EngineStep:
     k50, k99 = (len(lat) - 1) // 2, (len(lat) - 1) * 99 // 100
     part = np.partition(lat, (k50, k99))
     return EngineStep(int(max(lat.max(), 0)), int(part[k50]), int(part[k99]), int(len(lat)), method)
+
+
+HANDOFF_NS = 2_000_000  # the longest hand-off from one step's end to the next one's start that counts as work
+
+
+def step_periods(emit_t_ns: np.ndarray, latency_ns: np.ndarray,
+                 handoff_ns: int = HANDOFF_NS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(step starts, the time each step kept the engine from starting the next, whether the engine
+    went straight on to the next step), from ``step_latencies``.
+
+    A step starts at a dispatch time and ends at its first emit. From one step start ``s`` to
+    the next ``s'``, the engine worked the whole time when it started ``s'`` within
+    ``handoff_ns`` of ``s``'s end (or before it, with async scheduling): the period is
+    ``s' - s``. Otherwise it was idle in between (waiting for input or for a user's budget),
+    and only ``end - s + handoff_ns`` counts. The last step's period is its own length.
+    """
+    if len(emit_t_ns) == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
+    start = np.asarray(emit_t_ns, dtype=np.int64) - np.asarray(latency_ns, dtype=np.int64)
+    order = np.lexsort((emit_t_ns, start))
+    start, end = start[order], np.asarray(emit_t_ns, dtype=np.int64)[order]
+    new = np.r_[True, start[1:] != start[:-1]]
+    s, e = start[new], end[new]  # each step's first emit: its end
+    nxt = np.append(s[1:], e[-1])
+    worked = nxt - e <= handoff_ns
+    period = np.where(worked, nxt - s, e - s + handoff_ns)
+    period[-1] = e[-1] - s[-1]
+    worked[-1] = False
+    return s, period, worked

@@ -29,7 +29,8 @@ from ratebench.analysis.reconcile import (
 )
 from ratebench.analysis.segments import group_by, time_order
 from ratebench.analysis.series import request_streams
-from ratebench.analysis.steps import EngineStep, estimate_engine_step
+from ratebench.analysis.spacing import check_spacing
+from ratebench.analysis.steps import EngineStep, engine_step, step_latencies, step_periods
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, Thresholds, UserPhaseSummary
 from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
 
@@ -138,9 +139,11 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     d_by_req, e_by_req = group_by(d_req), group_by(e_req)
     d_t_r, e_t_r = d_t[d_by_req.order], e_t[e_by_req.order]  # each request's times, request after request
     lap("group by request")
-    step = estimate_engine_step(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req,
-                                grouped_times=(d_t_r, e_t_r))
+    latencies = step_latencies(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req,
+                               grouped_times=(d_t_r, e_t_r))
+    step = engine_step(latencies)
     summary.engine_steps[name] = step
+    phase_steps = _phase_steps(run, name, latencies)
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
     tol = step.longest_ns if th.emit_tolerance_ns is None else th.emit_tolerance_ns
@@ -184,14 +187,14 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         if rows is not None:  # positions into the grouped-by-request layout
             pos, group_list, in_phases = rows
             t = t_r[pos]
-            req = np.repeat(by_req.keys, by_req.sizes)[pos] if label == "dispatch" else None
+            req = np.repeat(by_req.keys, by_req.sizes)[pos]
             c = None if c_all is None else c_all[by_req.order[pos]]
             request_gaps = gap_r[pos] if label == "emit" else None
         else:
             order, group_list, in_phases = _phase_user_groups(req_all, user_all, req_phase, user_codes,
                                                               len(run.phases), n_codes)
             t = t_all[order]
-            req = req_all[order] if label == "dispatch" else None  # emit gaps per request are precomputed
+            req = req_all[order]
             c = None if c_all is None else c_all[order]
             if label == "emit":
                 gap_at_emit = np.empty_like(gap_r)
@@ -203,8 +206,15 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
             row = _row(run, summary, p_index, strings[u_code])
             tg = t[sl]
             cg = None if c is None else c[sl]
+            rg = req[sl]
+            steps = phase_steps.get(p_index)
+            spacing = None
+            if row.backlogged and row.limit_tps and steps is not None:
+                starts, periods, worked, longest_latency = steps
+                spacing = check_spacing(tg, rg, row.limit_tps, starts, periods, worked, counts=cg,
+                                        shift_ns=longest_latency if label == "emit" else 0)
             if label == "dispatch":
-                rg = req[sl]
+                row.spacing_dispatch = spacing
                 if row.limit_tps:
                     row.bound_dispatch = bound_result(tg, None, row.limit_tps, th.burst_ns, 0)
                     phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_dispatch))
@@ -213,6 +223,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
                     streams = req_stream[rg]
                     row.stream_spread = stream_spread(tg, streams if streams.min() >= 0 else rg)
             else:
+                row.spacing_emit = spacing
                 if row.limit_tps:
                     row.bound_emit = bound_result(tg, cg, row.limit_tps, th.burst_ns, tol)
                     phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_emit))
@@ -277,6 +288,25 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
         chk = reconcile_request(r, view, engine_has_events=True, cancel_max_steps=th.cancel_max_steps)
         _add_request_check(summary, phase_of, i, r, chk)
     lap("reconciliation per request")
+
+
+def _phase_steps(run: RunData, name: str, latencies) -> dict[int, tuple]:
+    """Per phase of the engine: (step starts, periods, whether the engine went straight on, the
+    longest dispatch-to-emit latency), for the steps that started in the phase (``steps.step_periods``)."""
+    if isinstance(latencies, str):
+        return {}
+    emit_t, lat = latencies
+    starts, periods, worked = step_periods(emit_t, lat)
+    out = {}
+    for p in run.phases:
+        if p.engine != name:
+            continue
+        a, b = np.searchsorted(starts, [p.start_ns, p.end_ns], side="left")
+        if b <= a:
+            continue
+        at = (emit_t - lat >= p.start_ns) & (emit_t - lat < p.end_ns)
+        out[p.index] = (starts[a:b], periods[a:b], worked[a:b], int(lat[at].max()) if at.any() else 0)
+    return out
 
 
 def _rows_from_requests(by_req, t_r: np.ndarray, req_all: np.ndarray, user_all: np.ndarray, first_user: np.ndarray,

@@ -8,6 +8,7 @@ from ratebench.analysis.bound import BURST_NS, BoundResult
 from ratebench.analysis.gaps import GapStats
 from ratebench.analysis.partial import MissingPhase
 from ratebench.analysis.rates import RateFigures
+from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.steps import EngineStep
 
 
@@ -28,6 +29,9 @@ class Thresholds:
     cancel_max_steps: int = 1  # emit events of a cancelled request after the cancel
     stream_spread_max: int = 2  # tokens between one user's streams while all are active
     jain_min: float = 0.95  # Jain's index across backlogged users with equal limits
+    # even spacing: a backlogged user may fall short of N * W by 1 + N * (P + this) in a window
+    # (P: the phase's longest step period; this: a blocked engine's wake-up on a busy host)
+    spacing_slack_ns: int = 5_000_000
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     burst_ns: int = BURST_NS
 
@@ -78,6 +82,8 @@ class UserPhaseSummary:
     gaps_client_request: GapStats | None = None
     gaps_client_user: GapStats | None = None
     stream_spread: int | None = None
+    spacing_dispatch: SpacingResult | None = None  # even spacing (the lower side) on dispatch events
+    spacing_emit: SpacingResult | None = None  # ... and on emit events
     ttft_client: GapStats | None = None  # first token-carrying chunk - sent, per request
     ttft_engine: GapStats | None = None  # the engine's first emit event - sent, per request
     # charge parity over the finished requests with engine events: dispatch events - emitted tokens
