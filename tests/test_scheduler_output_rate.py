@@ -364,12 +364,13 @@ def test_a_charged_waiting_request_preempts_parked_requests_for_kv_and_an_unchar
     assert s.get_request_counts() == (3, 2)  # a1, a2 parked and b running; a0 and a3 waiting
 
 
-def _three_parked(*, enable_prefix_caching: bool, num_blocks: int, **kw):
+def _three_parked(*, enable_prefix_caching: bool, num_blocks: int, async_scheduling=False, policy="fcfs", **kw):
     """x0 (user x, 1 tok/s) and s0, s1 (user s, 5 tok/s) parked with 80-token prompts; s0 and s1's
     prompts are the same (with the prefix cache they share four full blocks), s1 came last."""
     clock = FakeClock()
     s = create_scheduler(default_tps=1, user_tps={"b": 1000, "s": 5}, num_blocks=num_blocks, block_size=16,
-                         enable_prefix_caching=enable_prefix_caching, clock=clock, **kw)
+                         enable_prefix_caching=enable_prefix_caching, async_scheduling=async_scheduling,
+                         policy=policy, clock=clock, **kw)
     e = Engine(s, clock, step_s=0.01)
     x0 = make_request("x0", user="x", prompt_len=80, max_tokens=50, prompt_token=5)
     s0, s1 = (make_request(f"s{i}", user="s", prompt_len=80, max_tokens=50, prompt_token=9) for i in range(2))
@@ -381,37 +382,73 @@ def _three_parked(*, enable_prefix_caching: bool, num_blocks: int, **kw):
     return clock, s, e
 
 
-def test_the_throttled_request_preempted_first_is_the_cheapest_to_redo_then_the_one_needed_last():
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_the_throttled_request_preempted_first_is_the_cheapest_to_redo_then_the_one_needed_last(
+    async_scheduling, policy
+):
     # With the prefix cache, s1 holds one block of its own (the rest is s0's prompt too): preempting
     # it frees what b needs and costs one block to redo, where x0 would cost five.
-    clock, s, e = _three_parked(enable_prefix_caching=True, num_blocks=13)
+    mode = dict(async_scheduling=async_scheduling, policy=policy)
+    clock, s, e = _three_parked(enable_prefix_caching=True, num_blocks=13, **mode)
     e.add(make_request("b", user="b", prompt_len=30, max_tokens=5))
     out = e.step()
     assert out.preempted_req_ids == {"s1"} and out.num_scheduled_tokens["b"] == 30
     # Without it all three are as costly: x0 goes, whose user is ready in 0.84 s (s's in 0.04 s, and
     # s1's turn 0.2 s later); by arrival alone s1 would have gone.
-    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16)
+    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16, **mode)
     e.add(make_request("b", user="b", prompt_len=30, max_tokens=5))
     out = e.step()
     assert out.preempted_req_ids == {"x0"} and out.num_scheduled_tokens["b"] == 30
 
 
-def test_a_long_prompt_of_a_user_with_budget_preempts_parked_requests_for_its_first_chunk():
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_a_long_prompt_of_a_user_with_budget_preempts_parked_requests_for_its_first_chunk(async_scheduling, policy):
     # b's first 64-token chunk samples nothing, so it is not charged; its user has budget all the same.
-    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16, max_num_batched_tokens=64)
+    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16, max_num_batched_tokens=64,
+                                async_scheduling=async_scheduling, policy=policy)
     e.add(make_request("b", user="b", prompt_len=70, max_tokens=5))
     out = e.step()
     assert out.preempted_req_ids == {"x0"} and out.num_scheduled_tokens["b"] == 64
 
 
-def test_no_parked_request_is_preempted_when_all_of_them_would_not_make_room():
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_no_parked_request_is_preempted_when_all_of_them_would_not_make_room(async_scheduling, policy):
     # b's 250-token prompt (16 blocks) needs more than the whole cache (15 blocks): nothing is
     # preempted for it (all three parked requests were, before).
-    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16)
+    clock, s, e = _three_parked(enable_prefix_caching=False, num_blocks=16, async_scheduling=async_scheduling,
+                                policy=policy)
     e.add(make_request("b", user="b", prompt_len=250, max_tokens=5))
     out = e.step()
     assert not out.preempted_req_ids and "b" not in out.num_scheduled_tokens
     assert s.get_request_counts() == (3, 1)
+
+
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_a_throttled_request_that_lacks_kv_parks_with_what_it_holds_and_preempts_nobody(async_scheduling, policy):
+    # x0 (120 tokens, its user out of budget) is admitted for a 64-token chunk beside b's 48-token
+    # prompt; its last chunk (one short) then lacks KV. It takes none from the parked s0: it is parked
+    # itself with its first chunk's blocks. (It used to preempt s0.)
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"b": 1000}, num_blocks=13, block_size=16,
+                         max_num_batched_tokens=128, long_prefill_token_threshold=64,
+                         async_scheduling=async_scheduling, policy=policy, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    s0 = make_request("s0", user="s", prompt_len=30, max_tokens=50)
+    e.add(s0)
+    e.run_for_s(0.03)  # s0 has its token and is parked with 2 of the 12 blocks
+    assert s0.output_rate_parked
+    assert s.output_rate_limiter.try_take("x", clock())  # x's burst is spent
+    x0 = make_request("x0", user="x", prompt_len=120, max_tokens=50)
+    e.add(x0, make_request("b", user="b", prompt_len=48, max_tokens=50))
+    out = e.step()
+    assert out.num_scheduled_tokens == {"x0": 64, "b": 48}
+    out = e.step()
+    assert not out.preempted_req_ids and "x0" not in out.num_scheduled_tokens
+    assert x0.output_rate_parked and s0.output_rate_parked and x0.num_computed_tokens == 64
 
 
 @BOTH_POLICIES
