@@ -235,6 +235,7 @@ class ClientRecord:
     cancelled: bool = False
     cancel_ns: int | None = None
     openai_user: str | None = None  # the OpenAI "user" field, if the scenario sent one
+    spoof: str | None = None  # the channels through which the request named another user, if any
 
     @property
     def streamed_tokens(self) -> int:

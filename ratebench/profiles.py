@@ -242,12 +242,15 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "eos_logit_bias": ("num", 0),
         "question": ("str", "Answer with one word: what colour is the sky on a clear day?"),
     },
-    # Requests without output_rate_user share __anonymous__; the OpenAI `user` field
-    # (spoof_as) changes nothing.
+    # Requests without output_rate_user share __anonymous__; nothing else a client sends
+    # (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, on both APIs)
+    # names spoof_as. named_user's streams send output_rate_user and the same spoofs.
     "anonymous-and-spoofing": {
         "streams": ("pos_int", 2),
-        "spoof_streams": ("pos_int", 2),
+        "spoof_streams": ("pos_int", 4),
         "spoof_as": ("user", REQUIRED),
+        "named_user": ("user", None),
+        "named_streams": ("pos_int", 2),
         "max_tokens": ("pos_int", 100),
     },
     # Limits never reached, against the feature off and against stock vLLM.
@@ -264,7 +267,7 @@ for _kind in SCENARIO_PARAMS.values():
 SCENARIO_KINDS = tuple(SCENARIO_PARAMS)
 
 # Parameters naming users, per kind (checked against [limits.users]).
-_USER_PARAMS = ("user", "neighbour", "throttled_user", "spoof_as")
+_USER_PARAMS = ("user", "neighbour", "throttled_user", "spoof_as", "named_user")
 
 
 # ---- loading ------------------------------------------------------------------------

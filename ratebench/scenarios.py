@@ -382,21 +382,65 @@ def eos(spec: ScenarioSpec) -> list[PhasePlan]:
     return [PhasePlan(spec.name, "eos", _main_engine(spec), run, estimate)]
 
 
+# Every channel a client controls that a careless gateway or patch might take for the rate-limit user:
+# (what the record says, the API, StreamRequest fields). Only vllm_xargs.output_rate_user may count.
+def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
+    user_field = {"openai_user": as_user}
+    headers = {"headers": {"X-User": as_user, "X-Output-Rate-User": as_user, "X-Forwarded-User": as_user,
+                           "X-Api-User": as_user}}
+    xargs = {"extra_xargs": {"user": as_user, "outputRateUser": as_user, "output-rate-user": as_user,
+                             "OUTPUT_RATE_USER": as_user, "output_rate_user_id": as_user}}
+    return [
+        ("the OpenAI user field", "completions", user_field),
+        ("X-User-style headers", "completions", headers),
+        ("other vllm_xargs keys", "completions", xargs),
+        ("the user field, headers and vllm_xargs keys on chat", "chat", {**user_field, **headers, **xargs}),
+    ]
+
+
 def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
-    """Requests without output_rate_user share __anonymous__; the OpenAI user field changes nothing."""
+    """Requests without output_rate_user share __anonymous__; a user named in any other channel (the
+    OpenAI user field, headers, other vllm_xargs keys, on both APIs) is charged nothing."""
     p = spec.params
+    named = p["named_user"]
+    total = p["streams"] + p["spoof_streams"]
 
     async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
         salt = _salt(ctx, engine, "anonymous")
+        maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+        channels = _spoof_channels(p["spoof_as"])
         reqs = await _streams(ctx, engine, None, p["streams"], p["max_tokens"], salt + " anon")
-        reqs += await _streams(ctx, engine, None, p["spoof_streams"], p["max_tokens"], salt + " spoof",
-                               openai_user=p["spoof_as"], first_index=p["streams"])
-        await ctx.phase(engine, "anonymous", reqs, {
-            ANONYMOUS_USER: {"streams": p["streams"] + p["spoof_streams"], "backlogged": True},
-        }, params={"openai_user": p["spoof_as"]})
 
-    return [PhasePlan(spec.name, "anonymous", _main_engine(spec), run,
-                      lambda limits: _at_limits(limits, [(None, p["streams"] + p["spoof_streams"], p["max_tokens"])]))]
+        async def spoofing(user: str | None, n: int, first: int, tag: str) -> list[StreamRequest]:
+            out = []
+            for k in range(n):
+                what, api, fields = channels[k % len(channels)]
+                s = f"{salt} {tag}-{first + k}"
+                if api == "chat":
+                    prompt, exact = maker.text_prompt(p["prompt_tokens"], s), None
+                else:
+                    prompt = await maker.token_prompt(p["prompt_tokens"], s)
+                    exact = len(prompt)
+                out.append(StreamRequest(user=user, prompt=prompt, max_tokens=p["max_tokens"], api=api,
+                                         stream_index=first + k, prompt_tokens=exact,
+                                         spoof=f"{what} naming {p['spoof_as']}", **fields))
+            return out
+
+        reqs += await spoofing(None, p["spoof_streams"], p["streams"], "spoof")
+        users = {ANONYMOUS_USER: {"streams": total, "backlogged": True}}
+        if named:
+            reqs += await spoofing(named, p["named_streams"], total, "named")
+            users[named] = {"streams": p["named_streams"], "backlogged": True}
+        await ctx.phase(engine, "anonymous", reqs, users,
+                        params={"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]})
+
+    def estimate(limits: Limits | None) -> PhaseEstimate:
+        budgets = [(None, total, p["max_tokens"])]
+        if named:
+            budgets.append((named, p["named_streams"], p["max_tokens"]))
+        return _at_limits(limits, budgets)
+
+    return [PhasePlan(spec.name, "anonymous", _main_engine(spec), run, estimate)]
 
 
 def overhead(spec: ScenarioSpec) -> list[PhasePlan]:

@@ -67,6 +67,9 @@ class StreamRequest:
     background: bool = False  # closed by the driver once every foreground stream is done
     openai_user: str | None = None  # the OpenAI "user" field
     extra_body: dict[str, Any] = field(default_factory=dict)  # min_tokens, logit_bias, ...
+    extra_xargs: dict[str, Any] = field(default_factory=dict)  # more vllm_xargs keys (spoofing attempts)
+    headers: dict[str, str] = field(default_factory=dict)  # more HTTP headers (spoofing attempts)
+    spoof: str | None = None  # the channels through which the request names another user, in words
     stream_index: int = 0
     prompt_tokens: int | None = None  # known length of the prompt, when exact
 
@@ -170,7 +173,7 @@ class Driver:
                     client_id=self.next_client_id(), scenario=ctx.scenario, phase=ctx.phase, engine=ctx.engine,
                     user=req.user, api=req.api, stream_index=req.stream_index, max_tokens=req.max_tokens,
                     ignore_eos=req.ignore_eos, prompt_tokens=req.prompt_tokens,
-                    scheduled_ns=t0 + int(req.delay_s * 1e9), openai_user=req.openai_user,
+                    scheduled_ns=t0 + int(req.delay_s * 1e9), openai_user=req.openai_user, spoof=req.spoof,
                 )
                 self.records.append(rec)
                 phase_records.append(rec)
@@ -230,7 +233,7 @@ class Driver:
                     live: LiveRates, user_key: str) -> None:
         body = request_body(ctx.model, req)
         path = "/v1/chat/completions" if req.api == "chat" else "/v1/completions"
-        headers = {"X-Request-Id": rec.client_id}
+        headers = {**req.headers, "X-Request-Id": rec.client_id}
         live.started(user_key)
         try:
             if req.cancel_after_s is not None:
@@ -339,8 +342,11 @@ def request_body(model: str, req: StreamRequest) -> dict[str, Any]:
         body["messages"] = [{"role": "user", "content": text}]
     else:
         body["prompt"] = req.prompt
+    xargs = dict(req.extra_xargs)
     if req.user is not None:
-        body["vllm_xargs"] = {"output_rate_user": req.user}
+        xargs["output_rate_user"] = req.user
+    if xargs:
+        body["vllm_xargs"] = xargs
     if req.openai_user is not None:
         body["user"] = req.openai_user
     body.update(req.extra_body)

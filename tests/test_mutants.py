@@ -18,6 +18,9 @@ from mutants import Mutant, Phase, Stream, Workload, run_workload
 from mutants.broken import (
     BudgetPerRequest,
     Burst1s,
+    ChargesAnotherUser,
+    ClumpedRelease,
+    LateReady,
     ChargeEveryPrefillChunk,
     HalfRate,
     NeverThrottle,
@@ -284,6 +287,42 @@ def test_a_limiter_at_half_the_rate_fails_delivery_not_the_bound(judged, async_s
     expected = {("delivery", phase, user) for phase in ("1-stream", "4-streams") for user in ("user-a", "user-b")}
     assert_rejected_by(verdict, expected, only={"delivery"})
     assert all(0.45 <= check(verdict, *key).figure <= 0.55 for key in expected)
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+SPACING = {"even-spacing-dispatch", "even-spacing-emit"}
+
+
+@SYNC_AND_ASYNC
+def test_tokens_released_in_clumps_keep_the_bound_and_fail_even_spacing(judged, async_scheduling):
+    _, verdict = judged("seed_experiment", ClumpedRelease, async_scheduling=async_scheduling)
+    expected = {(name, phase, user) for name in SPACING for phase in ("1-stream", "4-streams")
+                for user in ("user-a", "user-b")}
+    assert_rejected_by(verdict, expected, only=SPACING)
+    # the bound and the rate hold: only the spacing is broken (60 ms without a token, then the credit at once)
+    assert all(c.passed for c in verdict.checks if c.name in BOUND | {"delivery"}), verdict.summary()
+    short = check(verdict, "even-spacing-dispatch", "4-streams", "user-b")
+    assert short.figure >= 5 > short.threshold  # about 100 tok/s x 60 ms short, against 1 + 100 x 10 ms
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_limiter_that_wakes_users_late_fails_even_spacing(judged, async_scheduling):
+    _, verdict = judged("seed_experiment", LateReady, async_scheduling=async_scheduling)
+    assert ("even-spacing-dispatch", "4-streams", "user-b") in failures(verdict), verdict.summary()
+    assert {name for name, _, _ in failures(verdict)} <= SPACING | {"delivery"}, verdict.summary()
+    assert all(c.passed for c in verdict.checks if c.name in BOUND), verdict.summary()
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_request_charged_to_another_user_fails_identity_and_nothing_else(judged, async_scheduling):
+    _, verdict = judged("seed_experiment", ChargesAnotherUser, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("identity", phase, "user-a") for phase in ("1-stream", "4-streams")},
+                       only={"identity"})
+    assert check(verdict, "identity", "4-streams", "user-a").figure == 4
+    assert "charged to user-a-from-the-user-field" in check(verdict, "identity", "1-stream", "user-a").explanation
+    assert check(verdict, "identity", "4-streams", "user-b").passed
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
 
 

@@ -124,7 +124,7 @@ api = "chat"
 [[scenarios]]
 kind = "anonymous-and-spoofing"
 streams = 1
-spoof_streams = 1
+spoof_streams = 4
 spoof_as = "user-fast"
 max_tokens = 30
 
@@ -322,7 +322,7 @@ def test_cancelled_streams_are_aborted_in_the_engine(small_run) -> None:
         assert r.completion_tokens is None and r.cancel_ns is not None
 
 
-def test_users_reach_the_engine_as_sent_and_the_openai_user_field_changes_nothing(small_run) -> None:
+def test_users_reach_the_engine_as_sent_and_no_other_channel_changes_them(small_run) -> None:
     outcome, _ = small_run
     finishes = _finishes(outcome)
     for r in _records(outcome):
@@ -332,8 +332,10 @@ def test_users_reach_the_engine_as_sent_and_the_openai_user_field_changes_nothin
         if r.engine == "feature-off-sync":
             continue
         assert engine_user == (r.user or ANONYMOUS_USER), r.client_id
-    spoofed = [r for r in _records(outcome) if r.openai_user]
-    assert spoofed and all(finishes[r.client_id][2] == ANONYMOUS_USER for r in spoofed)
+    spoofed = [r for r in _records(outcome) if r.spoof]
+    # the user field, headers and other vllm_xargs keys, on completions, and all of them on chat
+    assert len({r.spoof for r in spoofed}) == 4 and {r.api for r in spoofed} == {"completions", "chat"}
+    assert all(finishes[r.client_id][2] == ANONYMOUS_USER for r in spoofed)
 
 
 def test_long_prompts_eos_and_prefix_cache_send_what_they_say(small_run) -> None:

@@ -89,6 +89,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             checks.append(Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens", ok,
                                 f"largest difference between {row.streams} streams' token counts while all "
                                 f"were active: {row.stream_spread}"))
+    checks.extend(_identity(run, s))
     checks.extend(_isolation(run, s, th))
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
@@ -128,6 +129,22 @@ def _spacing(name: str, r: SpacingResult, what: str, th: Thresholds, ids) -> Che
             f"{w.deficit_tokens:.2f} short; allowed 1 + N x (longest step period "
             f"{r.step_ns / 1e6:.1f} ms + slack {th.spacing_slack_ns / 1e6:g} ms) = {allowance:.2f}")
     return Check(name, *ids, round(w.deficit_tokens, 3), round(allowance, 3), "<=", "tokens short", ok, text)
+
+
+def _identity(run: RunData, s: RunSummary) -> list[Check]:
+    """Every request charged to the user it sent in vllm_xargs.output_rate_user (or __anonymous__)."""
+    out = []
+    for (p_index, user), tally in sorted(s.identity.items()):
+        p = run.phases[p_index]
+        bad = tally.mismatches
+        text = (f"{tally.requests} requests, each charged to the user it sent (vllm_xargs.output_rate_user, "
+                f"or __anonymous__ without one)")
+        if bad:
+            text = f"{len(bad)} of {tally.requests} requests charged to another user: " + "; ".join(bad[:3]) + (
+                f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+        out.append(Check("identity", p.scenario, p.phase, p.engine, user, len(bad), 0, "<=", "requests", not bad,
+                         text))
+    return out
 
 
 def _charge_parity(row: UserPhaseSummary, ids) -> Check:

@@ -40,6 +40,14 @@ ANONYMOUS = "__anonymous__"
 
 
 @dataclass
+class IdentityTally:
+    """One user's requests in one phase (the user the client sent), against the user the engine charged."""
+
+    requests: int = 0
+    mismatches: list[str] = field(default_factory=list)  # "<client id>: sent as X, charged to Y"
+
+
+@dataclass
 class RunSummary:
     engine_steps: dict[str, EngineStep]
     rows: dict[tuple[int, str], UserPhaseSummary]  # (phase index, user)
@@ -50,6 +58,8 @@ class RunSummary:
     # client record index -> the rate-limit user the engine charged (when it differs from what was sent)
     engine_user_of_record: dict[int, str] = field(default_factory=dict)
     stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
+    # (phase index, user the client sent) -> the requests the engine charged, and those charged to another
+    identity: dict[tuple[int, str], IdentityTally] = field(default_factory=dict)
 
     def user_of(self, record_index: int, sent_user: str | None) -> str:
         return self.engine_user_of_record.get(record_index, client_user(sent_user))
@@ -161,10 +171,29 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     if len(d_by_req):
         first_user[d_by_req.keys] = d_user[d_by_req.order[d_by_req.starts]]
     known = (trace.req_record >= 0) & (first_user >= 0)
-    for i, u_code in zip(trace.req_record[known].tolist(), first_user[known].tolist()):
+    # requests whose events name more than one user
+    mixed = np.zeros(n_codes, dtype=bool)
+    mixed[d_req[d_user != first_user[d_req]]] = True
+    mixed[e_req[e_user != first_user[e_req]]] = True
+    for code, i, u_code in zip(np.flatnonzero(known).tolist(), trace.req_record[known].tolist(),
+                               first_user[known].tolist()):
         engine_user = strings[u_code]
-        if engine_user != client_user(run.records[i].user):
+        r = run.records[i]
+        sent = client_user(r.user)
+        if engine_user != sent:
             summary.engine_user_of_record[i] = engine_user
+        if not eng.feature:
+            continue
+        p_index = phase_of.get((r.scenario, r.phase, r.engine))
+        if p_index is None:
+            continue
+        tally = summary.identity.setdefault((p_index, sent), IdentityTally())
+        tally.requests += 1
+        if engine_user != sent or mixed[code]:
+            charged = sorted({strings[u] for u in np.unique(np.concatenate([d_user[d_req == code],
+                                                                           e_user[e_req == code]]))})
+            how = f" (sent with {r.spoof})" if r.spoof else ""
+            tally.mismatches.append(f"{r.client_id}{how}: sent as {sent}, charged to {', '.join(charged)}")
 
     # per-request emit gaps: the gap from the previous emit of the same request, at each emit (-1: first),
     # in the grouped-by-request layout of e_t_r

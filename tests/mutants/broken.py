@@ -191,8 +191,63 @@ class NoWaitingPreemption(Mutant):
         scheduler._output_rate_victim = lambda request: pick(request) if request.status == RequestStatus.RUNNING else None
 
 
+class ClumpedLimiter(OutputRateLimiter):
+    """GCRA that, once it refuses a user, keeps refusing it for ``hold_ns``: the budget and the bound
+    are kept (the credit piles up, within the 100 ms burst, and goes at once), the spacing is not."""
+
+    def __init__(self, base: OutputRateLimiter, hold_ns: int) -> None:
+        super().__init__(base.default_tokens_per_second, base.user_tokens_per_second, base.burst_ns,
+                         base.clock_ns)
+        self.hold_ns = hold_ns
+        self._held_until: dict[str, int] = {}
+
+    def try_take(self, user: str, now_ns: int) -> bool:
+        if now_ns < self._held_until.get(user, 0):
+            return False
+        if super().try_take(user, now_ns):
+            return True
+        self._held_until[user] = now_ns + self.hold_ns
+        return False
+
+    def ready_at_ns(self, user: str) -> int:
+        return max(super().ready_at_ns(user), self._held_until.get(user, 0))
+
+
+class ClumpedRelease(Mutant):
+    """Tokens released in clumps every 60 ms instead of one by one as they come due."""
+
+    name = "clumped-release"
+
+    def apply(self, scheduler) -> None:
+        scheduler.output_rate_limiter = ClumpedLimiter(scheduler.output_rate_limiter, 60_000_000)
+
+
+class LateReady(Mutant):
+    """A refused user is told to come back 50 ms after its next token is due: parked requests wake late
+    (the engine loop waits until the same time), and the tokens due meanwhile go at once."""
+
+    name = "late-ready"
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+        ready_at = limiter.ready_at_ns
+        limiter.ready_at_ns = lambda user: ready_at(user) + 50_000_000
+
+
+class ChargesAnotherUser(Mutant):
+    """user-a's requests are charged to another user (as a patch or gateway that trusted the OpenAI
+    ``user`` field would): user-a's own budget sees none of them, and its rows look clean."""
+
+    name = "charges-another-user"
+    events_name_charged_user = True
+
+    def on_request(self, request) -> None:
+        if request.output_rate_user == "user-a":
+            request.output_rate_user = "user-a-from-the-user-field"
+
+
 MUTANTS: dict[str, type[Mutant]] = {
     m.name: m
     for m in (Burst1s, BudgetPerRequest, RollingWindow1s, NoRefund, ChargeEveryPrefillChunk, ThrottledCountActive,
-              NeverThrottle, HalfRate, NoWaitingPreemption)
+              NeverThrottle, HalfRate, NoWaitingPreemption, ClumpedRelease, LateReady, ChargesAnotherUser)
 }

@@ -92,6 +92,9 @@ class Mutant:
     """A limiter change applied to one scheduler; the base class changes nothing (the patch as shipped)."""
 
     name = "correct"
+    # The events name the user the client sent (a mutant that charges someone else is judged against
+    # the real user), unless the mutant is about whom the engine charges: then they name that user.
+    events_name_charged_user = False
 
     def apply(self, scheduler) -> None:
         """Change the scheduler or its limiter in place (monkeypatching the instance)."""
@@ -191,6 +194,8 @@ def run_workload(
     # vLLM's CPU platform resets scheduler_config.async_scheduling, so the recorder's header says
     # False; the scheduler class is what decides here.
     raw.meta["async_scheduling"] = engine.is_async
+    if mutant.events_name_charged_user:
+        user_of_req = {req: rec.requests[req].output_rate_user for req in user_of_req}
     _write_events(run_dir, raw, rec, user_of_req)
     _write_client_side(run_dir, workload, client, scen, rec, async_scheduling, mutant)
     return HarnessRun(run_dir, steps, engine)
