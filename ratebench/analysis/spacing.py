@@ -37,7 +37,8 @@ the user waits for tokens from its first to its last event. Windows are taken
 inside runs of consecutive engine steps at which the user's waiting requests
 could take every token the budget allowed: at least ``ceil(N * period)``
 requests waiting at a step after which the engine went straight on, at least
-one at a step after which it waited. Outside those runs (before a phase's
+one at a step after which it waited, and no step longer than the burst (a
+waiting user loses for good what came due more than the burst ago). Outside those runs (before a phase's
 first token, after its last, between two requests of a closed-loop stream,
 while long steps let fewer streams take fewer tokens than N a second) the
 engine, not the budget, limits the user, and nothing is judged.
@@ -61,7 +62,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratebench.analysis.bound import NS_PER_S
+from ratebench.analysis.bound import BURST_NS, NS_PER_S
 
 _INT64_SAFE = 2**62
 
@@ -141,20 +142,25 @@ def worst_deficit(t_ns: np.ndarray, counts: np.ndarray | None, limit_tps: int) -
 
 
 def budget_limited_intervals(req_first_ns: np.ndarray, req_last_ns: np.ndarray, step_start_ns: np.ndarray,
-                             step_period_ns: np.ndarray, step_worked: np.ndarray, limit_tps: int) -> np.ndarray:
+                             step_period_ns: np.ndarray, step_worked: np.ndarray, limit_tps: int,
+                             burst_ns: int = BURST_NS) -> np.ndarray:
     """Runs of consecutive engine steps at which the user could take every token its budget allowed:
     at least ``ceil(N * period)`` of its requests waiting when the engine went straight on to the
     next step (one token per waiting request per step), at least one when it then waited (it waited
-    for a budget). Each request waits from its first to its last event. An (m, 2) array of
+    for a budget); a step that kept the engine longer than the burst ends a run (the waiting user
+    loses what was due beyond the burst). Each request waits from its first to its last event. An (m, 2) array of
     [first step, last step] starts."""
     s = np.asarray(step_start_ns, dtype=np.int64)
     if len(s) == 0 or len(req_first_ns) == 0:
         return np.empty((0, 2), dtype=np.int64)
     first, last = np.sort(req_first_ns), np.sort(req_last_ns)
     waiting = np.searchsorted(first, s, side="right") - np.searchsorted(last, s, side="left")
-    need = np.maximum(1, -(-int(limit_tps) * np.asarray(step_period_ns, dtype=np.int64) // NS_PER_S))
-    need[~np.asarray(step_worked, dtype=bool)] = 1
-    ok = waiting >= need
+    periods = np.asarray(step_period_ns, dtype=np.int64)
+    worked = np.asarray(step_worked, dtype=bool)
+    need = np.maximum(1, -(-int(limit_tps) * periods // NS_PER_S))
+    need[~worked] = 1
+    # a step longer than the burst costs a waiting user budget for good (GCRA keeps no credit past it)
+    ok = (waiting >= need) & ~(worked & (periods > burst_ns))
     edge = np.diff(np.r_[0, ok.astype(np.int8), 0])
     return np.stack([s[edge[:-1] == 1], s[np.flatnonzero(edge[1:] == -1)]], axis=1)
 
