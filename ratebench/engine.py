@@ -144,6 +144,24 @@ def groups_cpu_s(pgids: set[int]) -> float:
     return ticks / _CLK_TCK
 
 
+def engine_core_cpu_s(pgid: int) -> float | None:
+    """CPU seconds (user + system, all threads) the EngineCore processes of one engine's process group
+    have used, from /proc; None when none is found (vLLM titles them ``VLLM::EngineCore``)."""
+    ticks, found = 0, False
+    for pid, rest in _proc_stats():
+        if len(rest) <= 12 or int(rest[2]) != pgid:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if b"EngineCore" in cmdline:
+            ticks += int(rest[11]) + int(rest[12])
+            found = True
+    return ticks / _CLK_TCK if found else None
+
+
 def machine_busy_cpu_s() -> float:
     """CPU seconds every CPU of the machine has spent busy (not idle, not waiting for I/O) since boot."""
     try:

@@ -253,6 +253,19 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "named_streams": ("pos_int", 2),
         "max_tokens": ("pos_int", 100),
     },
+    # Waiting costs nothing and wakes at once: user's streams (a low limit) alone, with probe
+    # requests of probe_user (unthrottled) and closed streams arriving while the engine waits.
+    "waiting": {
+        "user": ("user", REQUIRED),
+        "probe_user": ("user", REQUIRED),
+        "streams": ("pos_int", 4),
+        "max_tokens": ("pos_int", 6),
+        "wait_s": ("num", 4.0),
+        "probes": ("pos_int", 8),
+        "probe_max_tokens": ("pos_int", 4),
+        "cancels": ("pos_int", 6),
+        "busy_max_tokens": ("pos_int", 200),
+    },
     # Limits never reached, against the feature off and against stock vLLM.
     "overhead": {
         "user": ("user", REQUIRED),
@@ -267,7 +280,7 @@ for _kind in SCENARIO_PARAMS.values():
 SCENARIO_KINDS = tuple(SCENARIO_PARAMS)
 
 # Parameters naming users, per kind (checked against [limits.users]).
-_USER_PARAMS = ("user", "neighbour", "throttled_user", "spoof_as", "named_user")
+_USER_PARAMS = ("user", "neighbour", "throttled_user", "spoof_as", "named_user", "probe_user")
 
 
 # ---- loading ------------------------------------------------------------------------

@@ -281,7 +281,7 @@ class Run:
             if engine.events_path is not None:
                 entry["events_file"] = f"engines/{name}/events.rbev"
             self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=engine.spec.served_name,
-                                        feature=engine.spec.feature, kind=engine.spec.kind)
+                                        feature=engine.spec.feature, kind=engine.spec.kind, pgid=engine.pgid)
             self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} "
                                f"({time.monotonic() - t0:.0f} s; warm-up {result.requests} requests, "
                                f"{result.seconds:.1f} s{', timed out' if result.timed_out else ''})")

@@ -24,6 +24,8 @@ import httpx
 
 from ratebench.analysis import overhead as overhead_analysis
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
+from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
+from ratebench.engine import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
@@ -51,6 +53,7 @@ class EngineRef:
     model: str  # served model name
     feature: bool
     kind: str  # "patched" | "stock"
+    pgid: int | None = None  # the engine's process group (None: attached to a server of someone else's)
 
 
 @dataclass
@@ -69,6 +72,8 @@ class PhaseRecord:
     # CPUs in use on average over the phase (CPU-seconds per second): "busy" all processes, "run" this
     # run's (driver and engines), "other" the rest; None when not measured
     machine_cpu: dict[str, float] | None = None
+    # CPU seconds the engine's EngineCore process used over the phase (None: not measured)
+    engine_core_cpu_s: float | None = None
 
 
 @dataclass
@@ -123,6 +128,7 @@ class ScenarioContext:
         for user, info in users.items():
             record.users[user] = {"limit_tps": limits[user], **info}
         cpu_before = self.cpu_probe() if self.cpu_probe is not None else None
+        core_before = engine_core_cpu_s(engine.pgid) if engine.pgid is not None else None
         try:
             records = await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
             if extra is not None:
@@ -133,6 +139,9 @@ class ScenarioContext:
                 self.driver.user_last_phase_end_ns[(engine.endpoint, user)] = record.end_ns
             if cpu_before is not None:
                 record.machine_cpu = _cpu_use(cpu_before, self.cpu_probe(), record.end_ns - record.start_ns)
+            core_after = engine_core_cpu_s(engine.pgid) if core_before is not None else None
+            if core_after is not None:
+                record.engine_core_cpu_s = round(core_after - core_before, 3)
             self.on_phase(record)
         self.driver.console.print(f"  {phase_summary(record, records)}", highlight=False)
         return record
@@ -382,6 +391,64 @@ def eos(spec: ScenarioSpec) -> list[PhasePlan]:
     return [PhasePlan(spec.name, "eos", _main_engine(spec), run, estimate)]
 
 
+def waiting(spec: ScenarioSpec) -> list[PhasePlan]:
+    """Waiting costs nothing and wakes at once: a low-limit user's streams, nobody else, so the engine
+    waits for the user's budget most of the time. Probe requests of an unthrottled user arrive while
+    it waits, and some of the user's streams are closed while it waits; the same probes first reach
+    the idle engine (the baseline for their first token), then the user's tokens are served
+    unthrottled (what a step costs the EngineCore, for its CPU time in the waiting phase)."""
+    p = spec.params
+    user, probe_user = p["user"], p["probe_user"]
+    rng = random.Random(f"{spec.name} waiting")
+    # irregular offsets, so probes and closes do not line up with the user's ready times
+    probe_at = sorted(rng.uniform(0.4, p["wait_s"] - 0.4) for _ in range(p["probes"]))
+    cancel_at = sorted(rng.uniform(0.6, p["wait_s"] - 0.4) for _ in range(p["cancels"]))
+
+    async def probes(ctx: ScenarioContext, engine: EngineRef, salt: str, at: list[float]) -> list[StreamRequest]:
+        reqs = await _streams(ctx, engine, probe_user, len(at), p["probe_max_tokens"], salt)
+        for r, t in zip(reqs, at):
+            r.delay_s = t
+        return reqs
+
+    async def idle(ctx: ScenarioContext, engine: EngineRef) -> None:
+        spacing = [0.3 * k for k in range(p["probes"])]
+        reqs = await probes(ctx, engine, _salt(ctx, engine, "idle probe"), spacing)
+        await ctx.phase(engine, "idle", reqs, {probe_user: {"streams": p["probes"], "backlogged": False}},
+                        role=ROLE_IDLE)
+
+    async def busy(ctx: ScenarioContext, engine: EngineRef) -> None:
+        reqs = await _streams(ctx, engine, probe_user, p["streams"], p["busy_max_tokens"],
+                              _salt(ctx, engine, "busy"))
+        await ctx.phase(engine, "busy", reqs, {probe_user: {"streams": p["streams"], "backlogged": False}},
+                        role=ROLE_STEPS)
+
+    async def throttled(ctx: ScenarioContext, engine: EngineRef) -> None:
+        salt = _salt(ctx, engine, "waiting")
+        reqs = await _streams(ctx, engine, user, p["streams"], p["max_tokens"], salt)
+        closed = await _streams(ctx, engine, user, p["cancels"], p["max_tokens"], salt + " closed",
+                                first_index=p["streams"])
+        for r, t in zip(closed, cancel_at):
+            r.cancel_after_s = t
+        reqs += closed
+        reqs += await probes(ctx, engine, salt + " probe", probe_at)
+        await ctx.phase(engine, "waiting", reqs, {
+            user: {"streams": p["streams"] + p["cancels"], "backlogged": True},
+            probe_user: {"streams": p["probes"], "backlogged": False},
+        }, role=ROLE_WAITING, params={"probe_at_s": [round(t, 3) for t in probe_at],
+                                   "cancel_at_s": [round(t, 3) for t in cancel_at]})
+
+    def estimate_idle(limits: Limits | None) -> PhaseEstimate:
+        return PhaseEstimate(0.3 * (p["probes"] - 1), f"{p['probes']} probes 0.3 s apart")
+
+    def estimate_waiting(limits: Limits | None) -> PhaseEstimate:
+        return _at_limits(limits, [(user, p["streams"], p["max_tokens"])])
+
+    main = _main_engine(spec)
+    return [PhasePlan(spec.name, "idle", main, idle, estimate_idle),
+            PhasePlan(spec.name, "busy", main, busy, lambda limits: PhaseEstimate(None, "unthrottled: the engine's speed sets it")),
+            PhasePlan(spec.name, "waiting", main, throttled, estimate_waiting)]
+
+
 # Every channel a client controls that a careless gateway or patch might take for the rate-limit user:
 # (what the record says, the API, StreamRequest fields). Only vllm_xargs.output_rate_user may count.
 def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -487,6 +554,7 @@ _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "prefix-cache": prefix_cache,
     "eos": eos,
     "anonymous-and-spoofing": anonymous_and_spoofing,
+    "waiting": waiting,
     "overhead": overhead,
 }
 

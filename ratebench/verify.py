@@ -111,7 +111,7 @@ def _analyse_run(run_dir: str | Path, th: Thresholds, partial: bool) -> VerifyRe
     verdict = Verdict(
         run_dir=str(run.run_dir), run_id=run.manifest.get("run_id"), profile_name=run.manifest.get("profile_name"),
         manifest_summary=_manifest_summary(run.manifest), thresholds=th, engine_steps=summary.engine_steps,
-        rows=rows, engine_bounds=summary.engine_bounds, overheads=summary.overheads, checks=checks,
+        rows=rows, engine_bounds=summary.engine_bounds, overheads=summary.overheads, checks=checks, waiting=summary.waiting,
         warnings=run.warnings + summary.warnings, partial=state != "complete", missing_phases=missing,
     )
     stages["checks"] = time.perf_counter() - t2

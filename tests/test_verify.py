@@ -156,7 +156,7 @@ def test_overhead_fails_only_with_max_overhead(good_run):
     assert verify_cli(good_run, "--max-overhead", "-0.5").exit_code == 1
 
 
-def test_rows_follow_the_user_the_engine_charged_not_the_one_sent(tmp_path):
+def test_rows_follow_the_user_the_engine_charged_and_identity_fails_on_the_one_sent(tmp_path):
     run = one_phase_run(tmp_path / "run")
 
     def spoof(recs):
@@ -166,7 +166,10 @@ def test_rows_follow_the_user_the_engine_charged_not_the_one_sent(tmp_path):
     edit_client_records(run, spoof)
     verdict = analyse_run(run).verdict
     assert {r.user for r in verdict.rows} == {"user-a"}
-    assert verdict.passed
+    # every request was sent as spoofed-name and charged to user-a: identity names them, nothing else fails
+    assert {(c.name, c.user) for c in verdict.failures} == {("identity", "spoofed-name")}
+    (identity,) = verdict.failures
+    assert "sent as spoofed-name, charged to user-a" in identity.explanation
 
 
 def test_engine_requests_without_a_client_record_count_in_the_whole_file_bound(tmp_path):

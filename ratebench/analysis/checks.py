@@ -90,6 +90,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                                 f"largest difference between {row.streams} streams' token counts while all "
                                 f"were active: {row.stream_spread}"))
     checks.extend(_identity(run, s))
+    checks.extend(_waiting(s, th))
     checks.extend(_isolation(run, s, th))
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
@@ -129,6 +130,38 @@ def _spacing(name: str, r: SpacingResult, what: str, th: Thresholds, ids) -> Che
             f"{w.deficit_tokens:.2f} short; allowed 1 + N x (longest step period "
             f"{r.step_ns / 1e6:.1f} ms + slack {th.spacing_slack_ns / 1e6:g} ms) = {allowance:.2f}")
     return Check(name, *ids, round(w.deficit_tokens, 3), round(allowance, 3), "<=", "tokens short", ok, text)
+
+
+def _waiting(s: RunSummary, th: Thresholds) -> list[Check]:
+    """The waiting scenario: CPU spent waiting, and how soon the waiting engine takes a new request or an abort."""
+    out = []
+    for w in s.waiting:
+        ids = (w.scenario, w.waiting.phase, w.engine)
+        if w.waiting_excess_cpus is None:
+            out.append(Check("wait-cpu", *ids, None, None, th.wait_cpu_max, "<=", "CPUs", None,
+                             "EngineCore CPU time not measured (attached engine, or no EngineCore process found)"))
+        else:
+            x = w.waiting_excess_cpus
+            out.append(Check("wait-cpu", *ids, None, round(x, 4), th.wait_cpu_max, "<=", "CPUs", x <= th.wait_cpu_max,
+                             f"EngineCore spent {w.waiting.cpu_s:.2f} CPU-s over {w.waiting.wall_s:.2f} s of waiting "
+                             f"with {w.waiting.steps} steps; an idle engine keeps {w.idle_cpus:.3f} CPUs busy and a step "
+                             f"costs {w.step_cpu_ms:.2f} ms (solved from the idle phase: {w.idle.cpu_s:.2f} CPU-s, "
+                             f"{w.idle.wall_s:.2f} s, {w.idle.steps} steps; and the busy phase: {w.busy.cpu_s:.2f} "
+                             f"CPU-s, {w.busy.wall_s:.2f} s, {w.busy.steps} steps): {x:+.3f} CPUs beyond that"))
+        added = w.wake_added_ms
+        if added is not None:
+            out.append(Check("wake-first-token", *ids, w.probe_user, round(added, 3), th.wake_max_ms, "<=", "ms",
+                             added <= th.wake_max_ms,
+                             f"p50 time to first token of {w.probes} probes while the engine waits "
+                             f"{w.probe_ttft_waiting_p50_ms:.1f} ms vs {w.probe_ttft_idle_p50_ms:.1f} ms on the idle "
+                             f"engine: {added:+.1f} ms"))
+        if w.abort_latency_ms:
+            p50 = w.abort_p50_ms
+            out.append(Check("wake-abort", *ids, None, round(p50, 3), th.wake_max_ms, "<=", "ms",
+                             p50 <= th.wake_max_ms,
+                             f"{len(w.abort_latency_ms)} streams closed while the engine waits: the abort reached "
+                             f"the engine in p50 {p50:.1f} ms (max {max(w.abort_latency_ms):.1f} ms)"))
+    return out
 
 
 def _identity(run: RunData, s: RunSummary) -> list[Check]:

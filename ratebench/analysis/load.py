@@ -59,6 +59,7 @@ class PhaseInfo:
     role: str
     params: dict
     machine_cpu: dict | None = None  # CPUs in use over the phase: busy, run, other (absent in older runs)
+    engine_core_cpu_s: float | None = None  # CPU seconds of the engine's EngineCore over the phase
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -135,6 +136,7 @@ def _phase(i: int, entry: dict, path: Path) -> PhaseInfo:
             start_ns=int(entry.get("start_ns") or 0), end_ns=int(entry.get("end_ns") or 0),
             users=users, role=str(entry.get("role", "measure")), params=dict(entry.get("params") or {}),
             machine_cpu=dict(entry["machine_cpu"]) if entry.get("machine_cpu") else None,
+            engine_core_cpu_s=entry.get("engine_core_cpu_s"),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunFolderError(f"{path}: entry {i} is not a scenario phase ({type(exc).__name__}: {exc})") from exc

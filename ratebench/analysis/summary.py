@@ -31,6 +31,7 @@ from ratebench.analysis.segments import group_by, time_order
 from ratebench.analysis.series import request_streams
 from ratebench.analysis.spacing import check_spacing
 from ratebench.analysis.steps import EngineStep, engine_step, step_latencies, step_periods
+from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, Thresholds, UserPhaseSummary
 from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
 
@@ -60,6 +61,8 @@ class RunSummary:
     stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
     # (phase index, user the client sent) -> the requests the engine charged, and those charged to another
     identity: dict[tuple[int, str], IdentityTally] = field(default_factory=dict)
+    steps_per_phase: dict[int, int] = field(default_factory=dict)  # engine steps that sampled, per phase
+    waiting: list[WaitingSummary] = field(default_factory=list)
 
     def user_of(self, record_index: int, sent_user: str | None) -> str:
         return self.engine_user_of_record.get(record_index, client_user(sent_user))
@@ -88,6 +91,7 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
     t0 = time.perf_counter()
     _summarize_clients(run, summary, thresholds, phase_of)
     summary.overheads = overhead_summaries(run, phase_of)
+    summary.waiting = waiting_summaries(run, summary.rows, summary.request_checks, summary.steps_per_phase)
     summary.warnings.extend(busy_machine_warnings(summary.overheads))
     summary.stage_s["client records"] = time.perf_counter() - t0
     return summary
@@ -154,6 +158,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
     step = engine_step(latencies)
     summary.engine_steps[name] = step
     phase_steps = _phase_steps(run, name, latencies)
+    summary.steps_per_phase.update({k: len(v[0]) for k, v in phase_steps.items()})
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
     tol = step.longest_ns if th.emit_tolerance_ns is None else th.emit_tolerance_ns

@@ -32,6 +32,11 @@ class Thresholds:
     # even spacing: a backlogged user may fall short of N * W by 1 + N * (P + this) in a window
     # (P: the phase's longest step period; this: a blocked engine's wake-up on a busy host)
     spacing_slack_ns: int = 5_000_000
+    # waiting: EngineCore CPUs spent beyond what its steps and its idle loop cost, while users wait
+    wait_cpu_max: float = 0.2
+    # a waiting engine wakes at once: probes' p50 first token over the idle engine's, closed streams'
+    # p50 abort latency (ms)
+    wake_max_ms: float = 10.0
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     burst_ns: int = BURST_NS
 
@@ -148,6 +153,7 @@ class Verdict:
     overheads: list[OverheadSummary]
     checks: list[Check]
     warnings: list[str] = field(default_factory=list)
+    waiting: list = field(default_factory=list)  # analysis.waiting.WaitingSummary per waiting scenario
     # verify-bound --partial on a run that did not complete: only its completed phases were checked
     partial: bool = False
     missing_phases: list[MissingPhase] = field(default_factory=list)  # phases not checked, and why
