@@ -130,3 +130,233 @@ def test_a_real_engine_with_a_one_second_burst_fails_verify_bound(tmp_path, tiny
     result = CliRunner().invoke(app, ["verify-bound", str(run_dir), "--no-plots"])
     assert result.exit_code == 1, result.output
     assert "bound-dispatch" in result.output
+
+
+# ---- broken engines driven by `ratebench run` ---------------------------------------------------------
+# Each writes a sitecustomize that changes one module of vLLM in the engine's processes as it is
+# imported (the API server's request models, or the EngineCore's loop), runs one scenario of a small
+# profile through ratebench's own runner, and expects the verdict to name the promise it breaks.
+
+def _hook(targets: dict[str, str], marker: str) -> str:
+    """A sitecustomize that runs ``targets[name]`` (the body of ``_break(module)``) right after the
+    module ``name`` is imported."""
+    breakers = "\n".join(
+        f"def _break_{i}(module):\n" + textwrap.indent(textwrap.dedent(body), "    ")
+        + f"\n    print({marker!r}, file=sys.stderr, flush=True)\n"
+        for i, body in enumerate(targets.values()))
+    table = ", ".join(f"{name!r}: _break_{i}" for i, name in enumerate(targets))
+    return textwrap.dedent('''
+        """Test fixture of tests/test_mutants_e2e.py: a broken engine. Never shipped."""
+        import importlib.abc
+        import importlib.util
+        import queue
+        import sys
+        import time
+    ''') + breakers + textwrap.dedent(f'''
+
+        _TARGETS = {{{table}}}
+
+
+        class _BreakOnImport(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name not in _TARGETS or getattr(self, "busy", False):
+                    return None
+                self.busy = True
+                try:
+                    spec = importlib.util.find_spec(name)
+                finally:
+                    self.busy = False
+                exec_module = spec.loader.exec_module
+                breaker = _TARGETS.pop(name)
+
+                def exec_then_break(module):
+                    exec_module(module)
+                    breaker(module)
+
+                spec.loader.exec_module = exec_then_break
+                return spec
+
+
+        sys.meta_path.insert(0, _BreakOnImport())
+    ''')
+
+
+# the API server takes the OpenAI `user` field for the rate-limit user (a careless gateway or patch)
+TRUSTS_USER_FIELD = '''
+cls = module.CompletionRequest if hasattr(module, "CompletionRequest") else module.ChatCompletionRequest
+shipped = cls.to_sampling_params
+
+def to_sampling_params(self, *args, **kwargs):
+    params = shipped(self, *args, **kwargs)
+    if getattr(self, "user", None):
+        params.extra_args = {**(params.extra_args or {}), "output_rate_user": self.user}
+    return params
+
+cls.to_sampling_params = to_sampling_params
+'''
+
+# the EngineCore polls its input queue instead of blocking on it while users wait for budget
+POLLING_WAIT = '''
+def poll(self, timeout_s):
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            req = self.input_queue.get_nowait()
+        except queue.Empty:
+            continue
+        self._handle_client_request(*req)
+        return
+
+module.EngineCoreProc._wait_for_output_rate_budget = poll
+'''
+
+# the EngineCore sleeps through the wait: new requests and aborts wait for it to end
+DEAF_WAIT = '''
+def sleep_through(self, timeout_s):
+    time.sleep(timeout_s)
+
+module.EngineCoreProc._wait_for_output_rate_budget = sleep_through
+'''
+
+# the EngineCore waits its full 50 ms whatever the users' ready times (it still listens for input)
+WAIT_IGNORES_READY = '''
+def wait_50ms(self, timeout_s):
+    try:
+        req = self.input_queue.get(timeout=0.05)
+    except queue.Empty:
+        return
+    self._handle_client_request(*req)
+
+module.EngineCoreProc._wait_for_output_rate_budget = wait_50ms
+'''
+
+_PROFILE_HEAD = """
+[profile]
+description = "test: one scenario on a broken engine"
+device = "cpu"
+scheduling = ["sync"]
+startup_timeout_s = 300
+shutdown_grace_s = 15
+max_engines = 1
+
+[model]
+source = "tiny"
+served_name = "tiny-qwen3"
+max_model_len = 1024
+
+[engine]
+max_num_seqs = 8
+max_num_active_seqs = 4
+max_num_batched_tokens = 256
+enable_chunked_prefill = true
+enable_prefix_caching = true
+extra_args = ["--enforce-eager"]
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1", PYTHONPATH = "{pythonpath}" }}
+
+[limits]
+default_tps = 100
+[limits.users]
+user-a = 20
+user-b = 100
+user-slow = 5
+user-fast = 5000
+"""
+
+_WAITING = """
+[[scenarios]]
+kind = "waiting"
+user = "user-slow"
+probe_user = "user-fast"
+streams = 2
+max_tokens = 8
+wait_s = 3.0
+probes = 8
+cancels = 6
+busy_max_tokens = 150
+"""
+
+_SPOOFING = """
+[[scenarios]]
+kind = "anonymous-and-spoofing"
+streams = 1
+spoof_streams = 4
+spoof_as = "user-fast"
+named_user = "user-b"
+named_streams = 2
+max_tokens = 30
+"""
+
+_SEED = """
+[[scenarios]]
+kind = "seed-experiment"
+user = "user-a"
+neighbour = "user-b"
+streams = [4]
+neighbour_streams = 2
+max_tokens = 20
+neighbour_max_tokens = 100
+"""
+
+MARKER_ENGINE = "ratebench test mutant: broken engine"
+
+
+def _run_broken(tmp_path, targets: dict[str, str], scenario: str):
+    from rich.console import Console
+
+    from ratebench.profiles import load_profile
+    from ratebench.runner import RunOptions, run_profile
+
+    hook_dir = tmp_path / "mutant-site"
+    hook_dir.mkdir()
+    (hook_dir / "sitecustomize.py").write_text(_hook(targets, MARKER_ENGINE))
+    pythonpath = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p)
+    path = tmp_path / "broken.toml"
+    path.write_text(_PROFILE_HEAD.format(pythonpath=pythonpath) + scenario)
+    outcome = run_profile(load_profile(str(path)), RunOptions(results_dir=tmp_path / "results", verify=True,
+                                                              live=False), console=Console(stderr=True))
+    logs = "".join(p.read_text(errors="replace") for p in (outcome.run_dir / "engines").glob("*/engine.log"))
+    assert MARKER_ENGINE in logs, "the broken engine was not injected"
+    assert outcome.verdict is not None, outcome.reason
+    return outcome.verdict
+
+
+def _failed(verdict) -> set[tuple[str, str | None]]:
+    return {(c.name, c.user) for c in verdict.failures}
+
+
+def test_an_api_server_that_trusts_the_openai_user_field_fails_identity(tmp_path, tiny_model):
+    verdict = _run_broken(tmp_path, {"vllm.entrypoints.openai.completion.protocol": TRUSTS_USER_FIELD,
+                                     "vllm.entrypoints.openai.chat_completion.protocol": TRUSTS_USER_FIELD},
+                          _SPOOFING)
+    failed = _failed(verdict)
+    # the anonymous requests that name user-fast in the user field, and user-b's that do the same
+    assert {("identity", "__anonymous__"), ("identity", "user-b")} <= failed, verdict.summary()
+    anon = next(c for c in verdict.failures if (c.name, c.user) == ("identity", "__anonymous__"))
+    assert "OpenAI user field" in anon.explanation and "charged to user-fast" in anon.explanation
+    # spoofs through headers and other vllm_xargs keys reach nobody: only the user-field requests fail
+    assert anon.figure == 2  # one completions stream with the user field, one chat stream with all channels
+
+
+def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
+    verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
+    assert ("wait-cpu", None) in _failed(verdict), verdict.summary()
+    assert {name for name, _ in _failed(verdict)} <= {"wait-cpu", "wake-first-token", "wake-abort",
+                                                     "even-spacing-emit", "even-spacing-dispatch"}, verdict.summary()
+    (cpu,) = [c for c in verdict.checks if c.name == "wait-cpu"]
+    assert cpu.figure > 0.3  # a core spinning, shared with the driver on two cores
+
+
+def test_an_engine_that_sleeps_through_its_wait_fails_to_wake(tmp_path, tiny_model):
+    verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": DEAF_WAIT}, _WAITING)
+    names = {name for name, _ in _failed(verdict)}
+    assert names & {"wake-first-token", "wake-abort"}, verdict.summary()
+    assert names <= {"wake-first-token", "wake-abort"}, verdict.summary()
+
+
+def test_an_engine_that_waits_past_the_ready_time_fails_even_spacing(tmp_path, tiny_model):
+    verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": WAIT_IGNORES_READY}, _SEED)
+    failed = _failed(verdict)
+    assert ("even-spacing-dispatch", "user-b") in failed, verdict.summary()
+    # the bound holds; the rate may suffer as well (delivery)
+    assert {name for name, _ in failed} <= {"even-spacing-dispatch", "even-spacing-emit", "delivery"}, \
+        verdict.summary()

@@ -67,6 +67,7 @@ default_tps = 200
 user-a = 100
 user-b = 300
 user-fast = 5000
+user-slow = 5
 bulk = 1000000
 
 [[scenarios]]
@@ -127,6 +128,17 @@ streams = 1
 spoof_streams = 4
 spoof_as = "user-fast"
 max_tokens = 30
+
+[[scenarios]]
+kind = "waiting"
+user = "user-slow"
+probe_user = "user-fast"
+streams = 2
+max_tokens = 6
+wait_s = 2.5
+probes = 6
+cancels = 4
+busy_max_tokens = 100
 
 [[scenarios]]
 kind = "overhead"
@@ -438,3 +450,21 @@ def test_an_engine_that_exits_fails_the_run_with_its_log_and_leaves_nothing(
     assert m["state"] == "failed"
     _assert_no_engine_left(m)
     assert os.path.getsize(manifest_path.parent / "engines" / "patched-sync" / "engine.log") > 0
+
+
+def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small_run) -> None:
+    """The checks of the promise beyond the bound, on the real engine: every spoofing channel charged
+    nothing, backlogged users evenly spaced, the waiting engine cheap and awake."""
+    from ratebench.verify import analyse_run
+
+    outcome, _ = small_run
+    verdict = analyse_run(outcome.run_dir).verdict
+    by_name = collections.defaultdict(list)
+    for c in verdict.checks:
+        by_name[c.name].append(c)
+    for name in ("identity", "even-spacing-dispatch", "even-spacing-emit", "wait-cpu", "wake-first-token",
+                 "wake-abort"):
+        assert by_name[name], f"no {name} check"
+        assert all(c.passed for c in by_name[name]), [c.explanation for c in by_name[name] if not c.passed]
+    anon = [c for c in by_name["identity"] if c.scenario == "anonymous-and-spoofing"]
+    assert anon and anon[0].user == ANONYMOUS_USER and "5 requests" in anon[0].explanation
