@@ -230,3 +230,10 @@ def test_a_request_whose_events_name_two_users_is_split_between_their_rows(tmp_p
     assert {"user-a", "user-z"} <= users
     moved_row = next(r for r in verdict.rows if r.user == "user-z")
     assert moved_row.dispatch_rate.tokens == int(moved.sum())
+
+
+def test_the_new_thresholds_are_options_and_reach_the_verdict(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    assert verify_cli(run, "--spacing-slack-ms", "7.5", "--wait-cpu-max", "0.3", "--wake-max-ms", "12").exit_code == 0
+    th = json.loads((run / "verdict.json").read_text())["thresholds"]
+    assert (th["spacing_slack_ns"], th["wait_cpu_max"], th["wake_max_ms"]) == (7_500_000, 0.3, 12.0)

@@ -33,6 +33,12 @@ _OPT_EVENT_OVERHEAD = typer.Option("--max-event-overhead", help="fail when 1 - t
 _OPT_CANCEL = typer.Option("--cancel-max-steps", help="emit events of a cancelled request after the cancel")
 _OPT_SPREAD = typer.Option("--stream-spread-max", help="tokens between one user's streams while all are active")
 _OPT_JAIN = typer.Option("--jain-min", help="Jain's index across backlogged users with equal limits")
+_OPT_SPACING = typer.Option("--spacing-slack-ms", help="even spacing: a backlogged user may fall short of N x W by "
+                                                        "1 + N x (longest step period + this) tokens in a window")
+_OPT_WAIT_CPU = typer.Option("--wait-cpu-max", help="EngineCore CPUs spent while users wait, beyond what an idle "
+                                                     "engine and its steps cost")
+_OPT_WAKE = typer.Option("--wake-max-ms", help="a waiting engine's added p50 time to first token of a new request, "
+                                                "and p50 abort latency")
 _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
                                                          "(default: the longest engine step measured)")
 
@@ -40,14 +46,17 @@ _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit 
 def thresholds(*, delivery_min: float, isolation_min: float, isolation_gap_max: float | None,
                isolation_ttft_factor: float, isolation_ttft_slack_ms: float, max_overhead: float | None,
                max_event_overhead: float | None, cancel_max_steps: int, stream_spread_max: int, jain_min: float,
-               emit_tolerance_ms: float | None) -> Thresholds:
+               emit_tolerance_ms: float | None, spacing_slack_ms: float, wait_cpu_max: float,
+               wake_max_ms: float) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
                       isolation_ttft_factor=isolation_ttft_factor,
                       isolation_ttft_slack_ns=round(isolation_ttft_slack_ms * 1e6),
                       max_overhead=max_overhead, max_event_overhead=max_event_overhead,
                       cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
-                      emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6))
+                      emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6),
+                      spacing_slack_ns=round(spacing_slack_ms * 1e6), wait_cpu_max=wait_cpu_max,
+                      wake_max_ms=wake_max_ms)
 
 
 def verify_bound(
@@ -63,6 +72,9 @@ def verify_bound(
     stream_spread_max: Annotated[int, _OPT_SPREAD] = 2,
     jain_min: Annotated[float, _OPT_JAIN] = 0.95,
     emit_tolerance_ms: Annotated[float | None, _OPT_EMIT_TOL] = None,
+    spacing_slack_ms: Annotated[float, _OPT_SPACING] = 5.0,
+    wait_cpu_max: Annotated[float, _OPT_WAIT_CPU] = 0.2,
+    wake_max_ms: Annotated[float, _OPT_WAKE] = 10.0,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -79,7 +91,8 @@ def verify_bound(
                     isolation_ttft_factor=isolation_ttft_factor, isolation_ttft_slack_ms=isolation_ttft_slack_ms,
                     max_overhead=max_overhead, max_event_overhead=max_event_overhead,
                     cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
-                    emit_tolerance_ms=emit_tolerance_ms)
+                    emit_tolerance_ms=emit_tolerance_ms, spacing_slack_ms=spacing_slack_ms,
+                    wait_cpu_max=wait_cpu_max, wake_max_ms=wake_max_ms)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:
