@@ -159,6 +159,7 @@ def assert_correct_passes(judged, workload: str, async_scheduling: bool) -> None
 
 
 BOUND = {"bound-dispatch", "bound-dispatch-run", "bound-emit", "bound-emit-run"}
+SPACING = {"even-spacing-dispatch", "even-spacing-emit"}
 
 
 # ---- the mutants ----------------------------------------------------------------------------------
@@ -190,17 +191,20 @@ def test_a_budget_per_request_breaks_the_bound_with_several_streams(judged, asyn
 @SYNC_AND_ASYNC
 def test_a_rolling_one_second_window_breaks_the_bound_and_stalls(judged, async_scheduling):
     _, verdict = judged("seed_experiment", RollingWindow1s, async_scheduling=async_scheduling)
+    # a whole second's budget at once breaks the bound; the stall after it breaks even spacing
     assert_rejected_by(verdict, {("bound-dispatch", "1-stream", "user-a"), ("bound-dispatch", "4-streams", "user-a"),
-                                 ("bound-dispatch", "1-stream", "user-b")}, only=BOUND)
+                                 ("bound-dispatch", "1-stream", "user-b"),
+                                 ("even-spacing-dispatch", "4-streams", "user-a")}, only=BOUND | SPACING)
     # a whole second's budget (20 tokens) within 0.1 s, where 0.1 * 20 + 1 = 3 are allowed at once
     assert check(verdict, "bound-dispatch", "4-streams", "user-a").figure <= -12
-    # and then a stall: the verifier has no gap check, but its gap figures show it (user-a's tokens,
-    # all its streams merged: GCRA sends one every 50 ms, the window nothing for most of a second)
+    # and then a stall: user-a's tokens, all its streams merged (GCRA sends one every 50 ms, the window
+    # nothing for most of a second), many tokens short of 20 tok/s in the emptiest window
     _, correct = judged("seed_experiment", async_scheduling=async_scheduling)
     gaps = {v: next(r for r in verdict_.rows if (r.phase, r.user) == ("4-streams", "user-a")).gaps_emit_user
             for v, verdict_ in (("rolling", verdict), ("correct", correct))}
     assert gaps["correct"].max_ns <= 55_000_000
     assert gaps["rolling"].max_ns >= 800_000_000
+    assert check(verdict, "even-spacing-dispatch", "4-streams", "user-a").figure >= 10
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
 
 
@@ -285,12 +289,11 @@ def test_a_limiter_that_never_throttles_breaks_the_bound(judged, async_schedulin
 def test_a_limiter_at_half_the_rate_fails_delivery_not_the_bound(judged, async_scheduling):
     _, verdict = judged("seed_experiment", HalfRate, async_scheduling=async_scheduling)
     expected = {("delivery", phase, user) for phase in ("1-stream", "4-streams") for user in ("user-a", "user-b")}
-    assert_rejected_by(verdict, expected, only={"delivery"})
+    # half the tokens in every window too: even spacing (the lower side of the bound) says it as well
+    assert_rejected_by(verdict, expected | {("even-spacing-dispatch", "4-streams", "user-b")},
+                       only={"delivery"} | SPACING)
     assert all(0.45 <= check(verdict, *key).figure <= 0.55 for key in expected)
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
-
-
-SPACING = {"even-spacing-dispatch", "even-spacing-emit"}
 
 
 @SYNC_AND_ASYNC
