@@ -18,6 +18,7 @@ from mutants import Mutant, Phase, Stream, Workload, run_workload
 from mutants.broken import (
     BudgetPerRequest,
     Burst1s,
+    ChargesPromptTokens,
     ChargesAnotherUser,
     ClumpedRelease,
     LateReady,
@@ -84,6 +85,14 @@ def long_prompts() -> Workload:
     ], scheduler_kw=dict(max_num_batched_tokens=64))
 
 
+def long_prompt_closed_loop() -> Workload:
+    """One stream of user-a (100 tok/s) sending three 640-token prompts one after the other."""
+    return Workload(default_tps=100, user_tps={"user-a": 100}, phases=[
+        Phase("long-prompt", [Stream("user-a", 40, prompt_len=640, requests=3)], backlogged={"user-a"},
+              scenario="long-prompt", kind="long-prompt"),
+    ], scheduler_kw=dict(max_num_batched_tokens=128))
+
+
 def isolation() -> Workload:
     """user-b (unlimited in practice) alone, then beside user-a's three throttled streams, 4 active places of 16."""
     return Workload(default_tps=100, user_tps={"user-a": 20, "user-b": 100_000}, phases=[
@@ -109,7 +118,8 @@ def kv_isolation() -> Workload:
 
 
 # the clean runs: every check must pass on these with the limiter as shipped
-WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation)}
+WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
+                                     long_prompt_closed_loop)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation}
 
 
@@ -327,6 +337,18 @@ def test_a_request_charged_to_another_user_fails_identity_and_nothing_else(judge
     assert "charged to user-a-from-the-user-field" in check(verdict, "identity", "1-stream", "user-a").explanation
     assert check(verdict, "identity", "4-streams", "user-b").passed
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_charging_prompt_tokens_fails_prompt_free(judged, async_scheduling):
+    _, verdict = judged("long_prompt_closed_loop", ChargesPromptTokens, async_scheduling=async_scheduling)
+    assert ("prompt-free", "long-prompt", "user-a") in failures(verdict), verdict.summary()
+    assert {name for name, _, _ in failures(verdict)} <= {"prompt-free", "delivery"} | SPACING, verdict.summary()
+    # 640 prompt tokens at 100 tok/s: 6.4 s before each first token, where a quarter of that is allowed
+    assert check(verdict, "prompt-free", "long-prompt", "user-a").figure >= 6.0
+    _, correct = judged("long_prompt_closed_loop", async_scheduling=async_scheduling)
+    assert correct.passed, correct.summary()
+    assert check(correct, "prompt-free", "long-prompt", "user-a").figure < 0.2
 
 
 def test_verify_bound_cli_exits_1_naming_the_bound_and_0_for_the_shipped_limiter(judged):

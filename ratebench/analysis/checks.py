@@ -55,6 +55,10 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                                        ("even-spacing-emit", row.spacing_emit, "emit events")):
                 if result is not None:
                     checks.append(_spacing(name, result, what, th, ids))
+        # prompt tokens are free: long prompts' first token far sooner than charging the prompt would allow
+        prompt_free = _prompt_free(run.phases[p_index], row, ids)
+        if prompt_free is not None:
+            checks.append(prompt_free)
         # 3. rates, for information
         rate = row.emit_rate or row.client_rate
         if rate is not None and rate.seed_rate_tps is not None:
@@ -130,6 +134,22 @@ def _spacing(name: str, r: SpacingResult, what: str, th: Thresholds, ids) -> Che
             f"{w.deficit_tokens:.2f} short; allowed 1 + N x (longest step period "
             f"{r.step_ns / 1e6:.1f} ms + slack {th.spacing_slack_ns / 1e6:g} ms) = {allowance:.2f}")
     return Check(name, *ids, round(w.deficit_tokens, 3), round(allowance, 3), "<=", "tokens short", ok, text)
+
+
+def _prompt_free(phase, row: UserPhaseSummary, ids) -> Check | None:
+    """Only output tokens are limited: in a long-prompt phase, the p50 time to first token (engine side:
+    first emit - sent; client side without events) stays under a quarter of what charging the prompt at
+    the user's limit would take (prompt tokens / N / 4)."""
+    prompt_tokens = phase.params.get("prompt_tokens")
+    ttft = row.ttft_engine or row.ttft_client
+    if phase.kind != "long-prompt" or not row.limit_tps or not prompt_tokens or ttft is None:
+        return None
+    limit_s = prompt_tokens / row.limit_tps / 4
+    p50_s = ttft.p50_ns / 1e9
+    return Check("prompt-free", *ids, round(p50_s, 4), round(limit_s, 4), "<=", "s", p50_s <= limit_s,
+                 f"p50 time to first token of {ttft.count} requests with {prompt_tokens}-token prompts "
+                 f"{p50_s * 1e3:.0f} ms ({'engine' if row.ttft_engine else 'client'} side); charging the prompt "
+                 f"at {row.limit_tps} tok/s would take {prompt_tokens / row.limit_tps:.1f} s (allowed a quarter)")
 
 
 def _waiting(s: RunSummary, th: Thresholds) -> list[Check]:

@@ -161,8 +161,13 @@ def budget_limited_intervals(req_first_ns: np.ndarray, req_last_ns: np.ndarray, 
     need[~worked] = 1
     # a step longer than the burst costs a waiting user budget for good (GCRA keeps no credit past it)
     ok = (waiting >= need) & ~(worked & (periods > burst_ns))
-    edge = np.diff(np.r_[0, ok.astype(np.int8), 0])
-    return np.stack([s[edge[:-1] == 1], s[np.flatnonzero(edge[1:] == -1)]], axis=1)
+    # a run goes on to the next step only if some request still waits after this one (the user's last
+    # request ending here, and the next one's prefill before its first token, break it)
+    still = np.searchsorted(first, s, side="right") - np.searchsorted(last, s, side="right") > 0
+    joined = ok[:-1] & ok[1:] & still[:-1]
+    begins = ok & ~np.r_[False, joined]
+    ends = ok & ~np.r_[joined, False]
+    return np.stack([s[begins], s[ends]], axis=1)
 
 
 def check_spacing(

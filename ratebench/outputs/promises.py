@@ -74,6 +74,9 @@ CHECKS: dict[str, CheckMeaning] = {
     "charge-parity": CheckMeaning("1", "a request was charged for steps that sampled no token (a prefill chunk, "
                                   "or a charge without an emit)", "{events}: dispatch against emit events of the "
                                   "request the explanation names"),
+    "prompt-free": CheckMeaning("1", "long prompts waited for their first token as if their prompt tokens were "
+                                "charged against the user's budget", "report.md, times to first token of the "
+                                "long-prompt phase; {events}: the first emit of each request against its send"),
     "isolation-rate": CheckMeaning("4", "an unthrottled user slowed down beside a throttled neighbour",
                                    _CUMULATIVE + "; the baseline phase's plots beside it"),
     "isolation-ttft": CheckMeaning("4", "an unthrottled user waited longer for its first token beside a throttled "

@@ -246,8 +246,30 @@ class ChargesAnotherUser(Mutant):
             request.output_rate_user = "user-a-from-the-user-field"
 
 
+class ChargesPromptTokens(Mutant):
+    """Prompt tokens charged too: each new request puts its prompt's tokens on its user's account
+    (its TAT moves ahead by prompt tokens / N) without a dispatch event, so the user's next tokens,
+    this request's first among them, wait for the prompt to be paid off."""
+
+    name = "charges-prompt-tokens"
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+        add = scheduler.add_request
+
+        def add_charging_the_prompt(request):
+            user = request.output_rate_user
+            now_scaled = limiter.clock_ns() * limiter.rate_of(user)
+            tat = max(limiter._tat_scaled.get(user, now_scaled), now_scaled)
+            limiter._tat_scaled[user] = tat + request.num_prompt_tokens * NS_PER_S
+            add(request)
+
+        scheduler.add_request = add_charging_the_prompt
+
+
 MUTANTS: dict[str, type[Mutant]] = {
     m.name: m
     for m in (Burst1s, BudgetPerRequest, RollingWindow1s, NoRefund, ChargeEveryPrefillChunk, ThrottledCountActive,
-              NeverThrottle, HalfRate, NoWaitingPreemption, ClumpedRelease, LateReady, ChargesAnotherUser)
+              NeverThrottle, HalfRate, NoWaitingPreemption, ClumpedRelease, LateReady, ChargesAnotherUser,
+              ChargesPromptTokens)
 }

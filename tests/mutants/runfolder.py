@@ -259,7 +259,7 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
             "users": {u: {"limit_tps": workload.limit_of(u), "streams": sum(s.user == u for s in phase.streams),
                           "backlogged": u in phase.backlogged} for u in users},
             "params": {"max_tokens": max(s.max_tokens for s in phase.streams), "ignore_eos": True,
-                       "harness": True},
+                       "prompt_tokens": max(s.prompt_len for s in phase.streams), "harness": True},
         })
         clock.advance_s(workload.idle_s)
         assert not scheduler.has_unfinished_requests()
