@@ -464,7 +464,9 @@ def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small
         by_name[c.name].append(c)
     for name in ("identity", "even-spacing-dispatch", "even-spacing-emit", "wait-cpu", "wake-first-token",
                  "wake-abort"):
-        assert by_name[name], f"no {name} check"
-        assert all(c.passed for c in by_name[name]), [c.explanation for c in by_name[name] if not c.passed]
+        # every one judged passes (a row where the engine, not the budget, limited the user is not judged)
+        assert any(c.passed for c in by_name[name]), f"no {name} check judged"
+        assert all(c.passed is not False for c in by_name[name]), [c.explanation for c in by_name[name]
+                                                                    if c.passed is False]
     anon = [c for c in by_name["identity"] if c.scenario == "anonymous-and-spoofing"]
     assert anon and anon[0].user == ANONYMOUS_USER and "5 requests" in anon[0].explanation
