@@ -176,6 +176,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, list) and len(v) > 0 and all(_pos_int(x) for x in v),
         "a non-empty list of positive integers",
     ),
+    "user_list": (
+        lambda v: isinstance(v, list) and all(isinstance(x, str) and x != "" for x in v) and len(set(v)) == len(v),
+        "a list of distinct user names",
+    ),
     "int_range": (
         lambda v: isinstance(v, list) and len(v) == 2 and all(_pos_int(x) for x in v) and v[0] <= v[1],
         "[low, high]: two positive integers, low <= high",
@@ -273,10 +277,21 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "max_tokens": ("pos_int", 128),
         "rounds": ("pos_int", 2),
     },
+    # Replay a JSONL trace (docs/trace.md): each request at its arrival offset, with its user, prompt,
+    # max_tokens, cancel, EOS, shared prefix and API. Every trace user is a row of the verdict.
+    "trace": {
+        "trace": ("str", REQUIRED),  # a path relative to the profile's folder, or a built-in trace name
+        "users_at_default_rate": ("bool", False),  # trace users not in [limits.users] take default_tps
+        "backlogged": ("user_list", []),  # users the trace keeps waiting for tokens: delivery, even spacing
+        "lateness_ms": ("pos_num", 20),  # each request sent within this of its trace time (p99: trace-lateness)
+    },
 }
-for _kind in SCENARIO_PARAMS.values():
+# Kinds whose requests say their own prompt and API (no common parameters).
+_OWN_REQUESTS = ("trace",)
+for _name, _kind in SCENARIO_PARAMS.items():
     for _k, _v in _COMMON.items():
-        _kind.setdefault(_k, _v)
+        if _name not in _OWN_REQUESTS:
+            _kind.setdefault(_k, _v)
 SCENARIO_KINDS = tuple(SCENARIO_PARAMS)
 
 # Parameters naming users, per kind (checked against [limits.users]).
@@ -522,6 +537,9 @@ class _Validator:
                         model: ModelSpec) -> None:
         """What makes a scenario able to show what it is for."""
         max_len = model.max_model_len
+        if kind == "trace":
+            self._trace_rules(p, where, limits, max_len)
+            return
         if kind == "isolation":
             if p["throttled_streams"] <= engine.max_num_active_seqs:
                 raise ProfileError(self.path, f"{where}.throttled_streams",
@@ -550,3 +568,40 @@ class _Validator:
             if need > max_len:
                 raise ProfileError(self.path, f"{where}.prompt_tokens",
                                    f"prompt plus max_tokens within model.max_model_len ({max_len})", need)
+
+    def _trace_rules(self, p: dict, where: str, limits: Limits, max_len: int | None) -> None:
+        """The trace file reads (its own errors name its file and line), its users have limits, the
+        backlogged users are in it, and each request fits the model. Records the file's resolved path,
+        digest and size in the parameters (the scenario reads the file again when it runs)."""
+        from ratebench.trace import TraceError, read_trace, resolve_trace, trace_sha256, trace_users
+
+        try:
+            path = resolve_trace(p["trace"], Path(self.path).parent)
+        except TraceError as exc:
+            raise ProfileError(self.path, f"{where}.trace", exc.expected, p["trace"]) from None
+        try:
+            requests = read_trace(path)
+        except TraceError as exc:
+            key = f"line {exc.line}" + (f": {exc.field}" if exc.field else "") if exc.line else "(file)"
+            raise ProfileError(path, key, exc.expected, exc.got, has_got=exc.has_got) from None
+        users = trace_users(requests)
+        if not p["users_at_default_rate"]:
+            for r in requests:
+                if r.user is not None and r.user not in limits.user_tps:
+                    raise ProfileError(path, f"line {r.line}: user",
+                                       f"a user declared in [limits.users] of {self.path} (known: "
+                                       f"{sorted(limits.user_tps)}), or {where}.users_at_default_rate = true",
+                                       r.user)
+        for user in p["backlogged"]:
+            if user not in users:
+                raise ProfileError(self.path, f"{where}.backlogged", f"users of the trace ({', '.join(users)})", user)
+        if max_len is not None:
+            for r in requests:
+                need = (r.prefix_tokens or 0) + (r.prompt if isinstance(r.prompt, int) else 0) + r.max_tokens
+                if need > max_len:
+                    raise ProfileError(path, f"line {r.line}: max_tokens",
+                                       f"prefix, prompt and max_tokens within model.max_model_len ({max_len}) of "
+                                       f"{self.path}", need)
+        p["trace_path"] = str(path.resolve())
+        p["trace_sha256"] = trace_sha256(path)
+        p["trace_requests"] = len(requests)

@@ -27,6 +27,7 @@ from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.engine import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
+from ratebench.trace import TraceRequest, read_trace
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
 # Engine roles: the engine with the limiter on, the same with engine events off (overhead
@@ -546,6 +547,78 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
     return plans
 
 
+async def _trace_streams(ctx: ScenarioContext, engine: EngineRef, requests: list[TraceRequest],
+                         salt: str) -> list[StreamRequest]:
+    """The stream requests of a trace: each at its arrival offset, with a fresh prompt of its length
+    (or its text), after its group's shared prefix (token ids on completions, text on chat or beside
+    a text prompt)."""
+    maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+    prefix_ids: dict[str, list[int]] = {}
+    for r in requests:
+        if r.prefix_group is not None and r.prefix_group not in prefix_ids:
+            prefix_ids[r.prefix_group] = await maker.token_prompt(r.prefix_tokens, f"{salt} prefix {r.prefix_group}")
+    gate = asyncio.Semaphore(8)  # /tokenize calls in flight
+
+    async def one(i: int, r: TraceRequest) -> StreamRequest:
+        prefix_text = ""
+        if r.prefix_group is not None:
+            prefix_text = maker.text_prompt(r.prefix_tokens, f"{salt} prefix {r.prefix_group}") + " "
+        exact = None
+        if isinstance(r.prompt, str):
+            prompt: list[int] | str = prefix_text + r.prompt
+        elif r.api == "chat":
+            prompt = prefix_text + maker.text_prompt(r.prompt, f"{salt} {i}")
+        else:
+            async with gate:
+                prompt = await maker.token_prompt(r.prompt, f"{salt} {i}", prefix=prefix_ids.get(r.prefix_group))
+            exact = len(prompt)
+        return StreamRequest(user=r.user, prompt=prompt, max_tokens=r.max_tokens, api=r.api, ignore_eos=not r.eos,
+                             delay_s=r.at_s, cancel_after_tokens=r.cancel_after_tokens,
+                             cancel_after_s=r.cancel_after_s, stream_index=i, prompt_tokens=exact)
+
+    return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
+
+
+def _trace_users(requests: list[TraceRequest], backlogged: list[str]) -> dict[str, dict[str, Any]]:
+    """The phase's users: every user of the trace, backlogged only where the profile says so."""
+    counts: dict[str, int] = {}
+    for r in requests:
+        counts[r.user or ANONYMOUS_USER] = counts.get(r.user or ANONYMOUS_USER, 0) + 1
+    return {u: {"streams": n, "backlogged": u in backlogged} for u, n in counts.items()}
+
+
+def _trace_estimate(requests: list[TraceRequest], limits: Limits | None) -> PhaseEstimate:
+    """At least until the last arrival, and each user's tokens at its limit from its first arrival
+    (a request that may end at EOS counts one token, one closed after a time none)."""
+    last = max(r.at_s for r in requests)
+    basis = f"{len(requests)} requests, the last arriving at {last:.1f} s"
+    if limits is None:
+        return PhaseEstimate(last, basis + "; limiter off")
+    first: dict[str | None, float] = {}
+    tokens: dict[str | None, int] = {}
+    for r in requests:
+        first.setdefault(r.user, r.at_s)
+        expected = r.expected_tokens()
+        tokens[r.user] = tokens.get(r.user, 0) + (0 if r.cancel_after_s is not None else expected or 1)
+    ends = sorted(((first[u] + tokens[u] / limits.limit_of(u), u) for u in tokens), reverse=True)
+    parts = [f"{u or ANONYMOUS_USER} {tokens[u]} tok at {limits.limit_of(u)} tok/s from {first[u]:.1f} s: {end:.1f} s"
+             for end, u in ends[:3]]
+    return PhaseEstimate(max(last, ends[0][0]), "; ".join([basis, *parts]))
+
+
+def trace(spec: ScenarioSpec) -> list[PhasePlan]:
+    """Replay a trace file (docs/trace.md): each request sent at its arrival offset."""
+    p = spec.params
+    requests = read_trace(p["trace_path"], sha256=p["trace_sha256"])
+
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        reqs = await _trace_streams(ctx, engine, requests, _salt(ctx, engine, "trace"))
+        await ctx.phase(engine, "trace", reqs, _trace_users(requests, p["backlogged"]),
+                        params={"trace_duration_s": max(r.at_s for r in requests)})
+
+    return [PhasePlan(spec.name, "trace", _main_engine(spec), run, lambda limits: _trace_estimate(requests, limits))]
+
+
 _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "seed-experiment": seed_experiment,
     "isolation": isolation,
@@ -556,6 +629,7 @@ _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "anonymous-and-spoofing": anonymous_and_spoofing,
     "waiting": waiting,
     "overhead": overhead,
+    "trace": trace,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
+from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_ON
@@ -98,6 +99,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_isolation(run, s, th))
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
+    checks.extend(lateness_checks(run))
     return checks
 
 

@@ -7,13 +7,14 @@ script ``ratebench`` is ``ratebench.cli:app``):
     run.py      ratebench tiny-model, profiles, run
     verify.py   ratebench verify-bound, compare
     profile.py  ratebench profile-scheduler
+    trace.py    ratebench trace from-run|check
 """
 
 from __future__ import annotations
 
 import typer
 
-from ratebench.cli import patch, profile, run, verify
+from ratebench.cli import patch, profile, run, trace, verify
 
 app = typer.Typer(
     name="ratebench",
@@ -22,6 +23,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(patch.app, name="patch")
+app.add_typer(trace.app, name="trace")
 app.command("tiny-model")(run.tiny_model)
 app.command("profiles")(run.list_profiles)
 app.command("run")(run.run)

@@ -26,6 +26,7 @@ PROMISES: dict[str, str] = {
     "waiting": "waiting costs nothing: the engine blocks on its input queue while every request is throttled "
                "and wakes at once for a new request or an abort",
     "events": "recording engine events costs little",
+    "replay": "a replayed trace reached the engine as the trace says: each request sent on time",
 }
 
 # where-to-look texts: {cumulative}, {gaps}, {streams} are the phase's plots, {events} the engine's event file
@@ -100,6 +101,10 @@ CHECKS: dict[str, CheckMeaning] = {
     "wake-abort": CheckMeaning("waiting", "while every request was throttled, an abort waited for the engine's "
                                "timeout instead of waking it at once", "{events}: the aborted request's finish "
                                "event against its cancel time (requests.jsonl)"),
+    "trace-lateness": CheckMeaning("replay", "the driver sent the trace's requests later than the stated lateness: "
+                                   "the run did not replay the trace faithfully (a busy machine, too many requests "
+                                   "at once)", "requests.jsonl: sent_ns - scheduled_ns of the phase's requests; "
+                                   "scenarios.json machine_cpu"),
 }
 
 _UNKNOWN = CheckMeaning("?", "see DESIGN.md section 5", "report.md, Checks")
