@@ -115,18 +115,24 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
+def _read_proc(path: str) -> bytes | None:
+    """A /proc file's bytes; None when the process is gone."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
 def _proc_stats():
     """(pid, fields after the command) of every process in /proc/<pid>/stat: state (0),
     ppid (1), pgrp (2), ... utime (11), stime (12). The command may hold spaces."""
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        yield int(entry.name), stat[stat.rfind(b")") + 2 :].split()
+        stat = _read_proc(f"/proc/{entry.name}/stat")
+        if stat is not None:
+            yield int(entry.name), stat[stat.rfind(b")") + 2 :].split()
 
 
 def group_members(pgid: int) -> list[int]:
@@ -151,12 +157,8 @@ def engine_core_cpu_s(pgid: int) -> float | None:
     for pid, rest in _proc_stats():
         if len(rest) <= 12 or int(rest[2]) != pgid:
             continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if b"EngineCore" in cmdline:
+        cmdline = _read_proc(f"/proc/{pid}/cmdline")
+        if cmdline is not None and b"EngineCore" in cmdline:
             ticks += int(rest[11]) + int(rest[12])
             found = True
     return ticks / _CLK_TCK if found else None

@@ -1,11 +1,11 @@
-"""End to end on CPU: a real patched vLLM server whose limiter is broken on purpose must fail verify-bound.
+"""End to end on CPU: real patched vLLM servers broken on purpose must fail verify-bound, by the right check.
 
-The test writes a ``sitecustomize.py`` into a temporary folder and puts it first on
-the engine's ``PYTHONPATH``: in every process of the server (the API server and the
-EngineCore), as soon as ``vllm.v1.core.sched.output_rate`` is imported, it gives
-``OutputRateLimiter`` a 1 s burst instead of 100 ms. Nothing installed changes.
-Real HTTP streams through ratebench's driver; the engine's own event file; the run
-folder written as ``ratebench run`` would; then ``ratebench verify-bound``.
+Each test writes a ``sitecustomize.py`` (``_hook``) into a temporary folder and puts it
+first on the engine's ``PYTHONPATH``: in every process of the server (the API server and
+the EngineCore), as soon as the targeted vLLM module is imported, it is changed (the
+limiter's burst, the API's request models, the EngineCore's wait). Nothing installed
+changes. Real HTTP streams through ratebench's driver, the engine's own event file, the
+run folder written as ``ratebench run`` writes it, then the verdict.
 """
 
 from __future__ import annotations
@@ -33,51 +33,23 @@ LIMITS = {"user-a": 20, "user-b": 100}
 BURST_1S_NS = 1_000_000_000
 MARKER = "ratebench test mutant: OutputRateLimiter burst 1 s"
 
-SITECUSTOMIZE = textwrap.dedent(f'''
-    """Test fixture of tests/test_mutants_e2e.py: a broken limiter (1 s burst). Never shipped."""
-    import importlib.abc
-    import importlib.util
-    import sys
+# the EngineCore's limiter gets a 1 s burst instead of 100 ms
+BURST_1S = f'''
+cls = module.OutputRateLimiter
+shipped_init = cls.__init__
 
-    _TARGET = "vllm.v1.core.sched.output_rate"
+def init_with_1s_burst(self, *args, **kwargs):
+    shipped_init(self, *args, **kwargs)
+    self.burst_ns = {BURST_1S_NS}
 
-
-    def _break(module):
-        cls = module.OutputRateLimiter
-        shipped_init = cls.__init__
-
-        def init_with_1s_burst(self, *args, **kwargs):
-            shipped_init(self, *args, **kwargs)
-            self.burst_ns = {BURST_1S_NS}
-
-        cls.__init__ = init_with_1s_burst
-        print("{MARKER}", file=sys.stderr, flush=True)
-
-
-    class _BreakOnImport(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name != _TARGET:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            exec_module = spec.loader.exec_module
-
-            def exec_then_break(module):
-                exec_module(module)
-                _break(module)
-
-            spec.loader.exec_module = exec_then_break
-            return spec
-
-
-    sys.meta_path.insert(0, _BreakOnImport())
-''')
+cls.__init__ = init_with_1s_burst
+'''
 
 
 def test_a_real_engine_with_a_one_second_burst_fails_verify_bound(tmp_path, tiny_model):
     hook_dir = tmp_path / "mutant-site"
     hook_dir.mkdir()
-    (hook_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (hook_dir / "sitecustomize.py").write_text(_hook({"vllm.v1.core.sched.output_rate": BURST_1S}, MARKER))
     run_dir = tmp_path / "run"
     pythonpath = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p)
     spec = EngineSpec(
