@@ -585,6 +585,7 @@ class _Validator:
             key = f"line {exc.line}" + (f": {exc.field}" if exc.field else "") if exc.line else "(file)"
             raise ProfileError(path, key, exc.expected, exc.got, has_got=exc.has_got) from None
         users = trace_users(requests)
+        requests = sorted(requests, key=lambda r: r.line)  # the first mistake in the file is the one named
         if not p["users_at_default_rate"]:
             for r in requests:
                 if r.user is not None and r.user not in limits.user_tps:

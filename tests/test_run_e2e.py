@@ -141,6 +141,11 @@ cancels = 4
 busy_max_tokens = 100
 
 [[scenarios]]
+kind = "trace"
+trace = "example-trace"
+users_at_default_rate = true     # user-c runs at default_tps
+
+[[scenarios]]
 kind = "overhead"
 user = "bulk"
 streams = 2

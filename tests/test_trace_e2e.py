@@ -1,0 +1,91 @@
+"""The example trace replayed against a real CPU engine: every request sent within the stated
+lateness of its trace time, and each reached the engine as the user it named (or __anonymous__)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from ratebench.events import KIND_FINISH, client_id_of, read_client_records, read_engine_events
+from ratebench.profiles import ANONYMOUS_USER, BUILTIN_DIR, load_profile
+from ratebench.runner import RunOptions, run_profile
+from ratebench.trace import read_trace
+from ratebench.verify import analyse_run
+
+pytestmark = pytest.mark.e2e
+
+LATENESS_MS = 20
+
+TRACE_PROFILE = f"""
+[profile]
+description = "test: the example trace on one engine"
+device = "cpu"
+scheduling = ["sync"]
+startup_timeout_s = 300
+shutdown_grace_s = 15
+max_engines = 1
+
+[model]
+source = "tiny"
+served_name = "tiny-qwen3"
+max_model_len = 1024
+
+[engine]
+max_num_seqs = 16
+max_num_active_seqs = 4
+max_num_batched_tokens = 256
+enable_chunked_prefill = true
+enable_prefix_caching = true
+extra_args = ["--enforce-eager"]
+env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
+
+[limits]
+default_tps = 100
+[limits.users]
+user-a = 20
+user-b = 100
+user-fast = 2000
+
+[[scenarios]]
+kind = "trace"
+trace = "example-trace"
+users_at_default_rate = true     # user-c is not declared: it runs at default_tps
+lateness_ms = {LATENESS_MS}
+"""
+
+
+def test_the_example_trace_reaches_the_engine_on_time_and_as_its_users(
+        tmp_path: Path, patched_vllm: str, tiny_model: Path, engine_lock: None) -> None:
+    path = tmp_path / "trace.toml"
+    path.write_text(TRACE_PROFILE)
+    outcome = run_profile(load_profile(str(path)), RunOptions(results_dir=tmp_path / "results", verify=False,
+                                                              live=False), console=Console(stderr=True))
+    assert outcome.state == "complete", outcome.reason
+    trace = read_trace(BUILTIN_DIR / "example-trace.jsonl")
+    records = read_client_records(outcome.run_dir / "requests.jsonl")
+    assert len(records) == len(trace)
+    t0 = min(r.scheduled_ns for r in records)
+    by_index = sorted(records, key=lambda r: r.stream_index)
+    late_ms = []
+    for want, rec in zip(trace, by_index):
+        assert (rec.scheduled_ns - t0) / 1e9 == pytest.approx(want.at_s, abs=1e-6)
+        assert rec.sent_ns is not None and rec.error is None, (rec.client_id, rec.error)
+        assert (rec.user, rec.api, rec.max_tokens, rec.ignore_eos) == (want.user, want.api, want.max_tokens,
+                                                                       not want.eos)
+        late_ms.append((rec.sent_ns - rec.scheduled_ns) / 1e6)
+    print(f"lateness ms: max {max(late_ms):.2f}, all {sorted(round(x, 2) for x in late_ms)}")
+    assert 0 <= min(late_ms) and max(late_ms) <= LATENESS_MS, late_ms
+
+    events = read_engine_events(outcome.run_dir / "engines" / "patched-sync" / "events.rbev")
+    engine_user = {}
+    for ev in events.of_kind(KIND_FINISH):
+        cid = client_id_of(events.strings[ev["req"]])
+        if cid is not None:
+            engine_user[cid] = events.strings[ev["user"]]
+    for rec in records:
+        assert engine_user.get(rec.client_id) == (rec.user or ANONYMOUS_USER), rec.client_id
+
+    (check,) = [c for c in analyse_run(outcome.run_dir).verdict.checks if c.name == "trace-lateness"]
+    assert check.passed, check.explanation
