@@ -46,6 +46,17 @@ Schema (every key is checked; unknown keys are errors)::
 Users named by a scenario must be keys of ``[limits.users]`` (write the
 default rate there to use a user at the default rate). Rates are positive
 integers, as the engine flags take them.
+
+A ``trace`` scenario names a JSONL file of requests (``docs/trace.md``), a path
+relative to the profile or a built-in trace (``ratebench/profiles/<name>.jsonl``);
+the file is read and checked when the profile loads, its mistakes named by line::
+
+    [[scenarios]]
+    kind = "trace"
+    trace = "example-trace"
+    users_at_default_rate = false     # true: trace users not in [limits.users] take default_tps
+    backlogged = []                   # users the trace keeps waiting: delivery and even spacing apply
+    lateness_ms = 20                  # each request sent within this of its trace time (p99)
 """
 
 from __future__ import annotations
