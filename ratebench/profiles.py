@@ -57,6 +57,12 @@ the file is read and checked when the profile loads, its mistakes named by line:
     users_at_default_rate = false     # true: trace users not in [limits.users] take default_tps
     backlogged = []                   # users the trace keeps waiting: delivery and even spacing apply
     lateness_ms = 20                  # each request sent within this of its trace time (p99)
+
+A ``mix`` scenario makes its requests from a seed (``ratebench/mix.py``; its
+parameters in ``docs/trace.md``): tiers of users, given in ``[[scenarios.tiers]]``
+tables (``name``, ``users``, ``limit_tps``, ``rate`` or ``burst``), are named
+``<name>-00``, ``<name>-01``, ... and take the tier's limit as if declared in
+``[limits.users]``; those names must not be declared there.
 """
 
 from __future__ import annotations
@@ -191,6 +197,13 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, list) and all(isinstance(x, str) and x != "" for x in v) and len(set(v)) == len(v),
         "a list of distinct user names",
     ),
+    "nonneg_num": (lambda v: _num(v) and v >= 0, "a number >= 0"),
+    "fraction": (lambda v: _num(v) and 0 <= v <= 1, "a fraction from 0 to 1"),
+    "arrivals": (lambda v: v in ("poisson", "constant"), 'one of ["poisson", "constant"]'),
+    "length": (lambda v: _pos_int(v) or isinstance(v, dict),
+               'a token count, or a table {dist = "fixed" | "uniform" | "lognormal", ...}'),
+    "tiers": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(t, dict) for t in v),
+              "a non-empty array of tier tables ([[scenarios.tiers]])"),
     "int_range": (
         lambda v: isinstance(v, list) and len(v) == 2 and all(_pos_int(x) for x in v) and v[0] <= v[1],
         "[low, high]: two positive integers, low <= high",
@@ -296,9 +309,29 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "backlogged": ("user_list", []),  # users the trace keeps waiting for tokens: delivery, even spacing
         "lateness_ms": ("pos_num", 20),  # each request sent within this of its trace time (p99: trace-lateness)
     },
+    # A seeded synthetic population (ratebench/mix.py), replayed like a trace: tiers of users
+    # (<tier>-00.. at the tier's limit) and anonymous requests, open-loop arrivals or a burst.
+    "mix": {
+        "seed": ("nonneg_int", 0),
+        "duration_s": ("pos_num", 10.0),  # arrivals within [0, duration_s)
+        "arrivals": ("arrivals", "poisson"),
+        "tiers": ("tiers", REQUIRED),  # each: name, users, limit_tps, rate (per user per s), burst, burst_requests
+        "anonymous_rate": ("nonneg_num", 0),  # anonymous requests per second, in total
+        "burst_at_s": ("nonneg_num", 0),  # when the burst tiers' users arrive, all at once
+        "prompt_tokens": ("length", 32),
+        "output_tokens": ("length", 64),  # max_tokens
+        "eos_fraction": ("fraction", 0),  # a real EOS may end the answer
+        "cancel_fraction": ("fraction", 0),  # closed after 20-80 % of max_tokens
+        "prefix_fraction": ("fraction", 0),  # share one of prefix_groups prefixes of prefix_tokens
+        "prefix_tokens": ("pos_int", 256),
+        "prefix_groups": ("pos_int", 1),
+        "chat_fraction": ("fraction", 0),
+        "lateness_ms": ("pos_num", 20),
+        "baseline": ("bool", False),  # also replay on the limiter-off engine (limits raised)
+    },
 }
 # Kinds whose requests say their own prompt and API (no common parameters).
-_OWN_REQUESTS = ("trace",)
+_OWN_REQUESTS = ("trace", "mix")
 for _name, _kind in SCENARIO_PARAMS.items():
     for _k, _v in _COMMON.items():
         if _name not in _OWN_REQUESTS:
@@ -551,6 +584,9 @@ class _Validator:
         if kind == "trace":
             self._trace_rules(p, where, limits, max_len)
             return
+        if kind == "mix":
+            self._mix_rules(p, where, limits, max_len)
+            return
         if kind == "isolation":
             if p["throttled_streams"] <= engine.max_num_active_seqs:
                 raise ProfileError(self.path, f"{where}.throttled_streams",
@@ -617,3 +653,54 @@ class _Validator:
         p["trace_path"] = str(path.resolve())
         p["trace_sha256"] = trace_sha256(path)
         p["trace_requests"] = len(requests)
+
+    def _mix_rules(self, p: dict, where: str, limits: Limits, max_len: int | None) -> None:
+        """Each tier and length is well formed; the tiers' users get their limits in ``limits``
+        (they are engine flags like [limits.users]); the seed makes at least one request, and each fits."""
+        from ratebench.mix import mix_requests, tier_users
+
+        names: set[str] = set()
+        tier_keys = {"name", "users", "limit_tps", "rate", "burst", "burst_requests"}
+        for i, tier in enumerate(p["tiers"]):
+            at = f"{where}.tiers[{i}]"
+            self.keys(tier, at, tier_keys, required={"name", "users"})
+            name = self.get(tier, at, "name", "str", REQUIRED)
+            if not all(c.isalnum() or c in "-_." for c in name) or name in names:
+                raise ProfileError(self.path, f"{at}.name", "a unique name of letters, digits, - _ .", name)
+            names.add(name)
+            self.get(tier, at, "users", "pos_int", REQUIRED)
+            limit = self.get(tier, at, "limit_tps", "pos_int", None)
+            burst = self.get(tier, at, "burst", "bool", False)
+            self.get(tier, at, "rate", "nonneg_num", None if burst else REQUIRED)
+            self.get(tier, at, "burst_requests", "pos_int", 1)
+            if not burst and tier.get("burst_requests") is not None:
+                raise ProfileError(self.path, f"{at}.burst_requests", "burst = true with it", has_got=False)
+            for user in tier_users(tier):
+                if user in limits.user_tps:
+                    raise ProfileError(self.path, f"{at}.name", f"a tier whose users ({user}, ...) are not declared "
+                                       "in [limits.users] or by another tier", name)
+                if limit is not None:
+                    limits.user_tps[user] = limit
+        for key in ("prompt_tokens", "output_tokens"):
+            spec = p[key]
+            if isinstance(spec, dict):
+                forms = {"fixed": {"value"}, "uniform": {"low", "high"}, "lognormal": {"median", "sigma"}}
+                dist = spec.get("dist")
+                if dist not in forms:
+                    raise ProfileError(self.path, f"{where}.{key}.dist", f"one of {sorted(forms)}", dist)
+                self.keys(spec, f"{where}.{key}", {"dist", *forms[dist], *(("max",) if dist == "lognormal" else ())},
+                          required=forms[dist])
+                for k in forms[dist] | {"max"}:
+                    self.get(spec, f"{where}.{key}", k, "pos_num" if k in ("median", "sigma") else "pos_int", None)
+                if dist == "uniform" and spec["low"] > spec["high"]:
+                    raise ProfileError(self.path, f"{where}.{key}.low", f"at most high ({spec['high']})", spec["low"])
+        requests = mix_requests(p)
+        if not requests:
+            raise ProfileError(self.path, f"{where}.tiers", "rates, a burst or anonymous_rate that make at least one "
+                               f"request in duration_s ({p['duration_s']:g} s) with seed {p['seed']}", has_got=False)
+        if max_len is not None:
+            need = max((r.prefix_tokens or 0) + r.prompt + r.max_tokens for r in requests)
+            if need > max_len:
+                raise ProfileError(self.path, f"{where}.output_tokens",
+                                   f"prefix, prompt and max_tokens within model.max_model_len ({max_len})", need)
+        p["mix_requests"] = len(requests)

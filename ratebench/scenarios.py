@@ -27,6 +27,7 @@ from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.engine import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
+from ratebench.mix import mix_requests
 from ratebench.trace import TraceRequest, read_trace
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
@@ -619,6 +620,28 @@ def trace(spec: ScenarioSpec) -> list[PhasePlan]:
     return [PhasePlan(spec.name, "trace", _main_engine(spec), run, lambda limits: _trace_estimate(requests, limits))]
 
 
+def mix(spec: ScenarioSpec) -> list[PhasePlan]:
+    """A seeded synthetic population (ratebench/mix.py) replayed like a trace; with ``baseline``, the
+    same requests again on the limiter-off engine of the same mode (limits raised)."""
+    p = spec.params
+    requests = mix_requests(p)
+    mode = spec.scheduling[0]
+
+    def phase_of(phase: str, role: str):
+        async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+            reqs = await _trace_streams(ctx, engine, requests, _salt(ctx, engine, phase))
+            await ctx.phase(engine, phase, reqs, _trace_users(requests, []), role=role,
+                            params={"trace_duration_s": max(r.at_s for r in requests)})
+        return run
+
+    plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, mode), phase_of("mix", "measure"),
+                       lambda limits: _trace_estimate(requests, limits))]
+    if p["baseline"]:
+        plans.append(PhasePlan(spec.name, "mix-baseline", engine_name(ROLE_FEATURE_OFF, mode),
+                               phase_of("mix-baseline", "baseline"), lambda limits: _trace_estimate(requests, limits)))
+    return plans
+
+
 _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "seed-experiment": seed_experiment,
     "isolation": isolation,
@@ -630,6 +653,7 @@ _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "waiting": waiting,
     "overhead": overhead,
     "trace": trace,
+    "mix": mix,
 }
 
 

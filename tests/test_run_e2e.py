@@ -146,6 +146,27 @@ trace = "example-trace"
 users_at_default_rate = true     # user-c runs at default_tps
 
 [[scenarios]]
+kind = "mix"
+seed = 2
+duration_s = 2
+anonymous_rate = 1.0
+output_tokens = { dist = "uniform", low = 4, high = 16 }
+eos_fraction = 0.25
+cancel_fraction = 0.25
+prefix_fraction = 0.5
+prefix_tokens = 64
+chat_fraction = 0.25
+[[scenarios.tiers]]
+name = "tier"
+users = 2
+limit_tps = 50
+rate = 1.5
+[[scenarios.tiers]]
+name = "burst"
+users = 2
+burst = true
+
+[[scenarios]]
 kind = "overhead"
 user = "bulk"
 streams = 2

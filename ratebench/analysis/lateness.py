@@ -16,7 +16,7 @@ from ratebench.analysis.load import RunData
 from ratebench.analysis.verdict import Check
 
 # Scenario kinds that send requests at the times of a trace.
-TRACE_KINDS = ("trace",)
+TRACE_KINDS = ("trace", "mix")
 DEFAULT_LATENESS_MS = 20.0
 
 

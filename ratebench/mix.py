@@ -1,0 +1,85 @@
+"""A seeded synthetic population: the ``mix`` scenario's requests, made as a trace.
+
+Users come in tiers (``<tier>-00``, ``<tier>-01``, ... at the tier's limit), plus anonymous
+requests; arrivals are open loop (Poisson or evenly spaced at a rate per user), or all at
+once for a tier marked ``burst``; prompt and output lengths are fixed, uniform or lognormal;
+a fraction may end at a real EOS, a fraction is cancelled, a fraction shares a prefix, a
+fraction goes to the chat API. :func:`mix_requests` is a pure function of the parameters and
+the seed; the scenario then replays its result like a trace (``ratebench.trace``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+from ratebench.trace import TraceRequest
+
+ARRIVALS = ("poisson", "constant")
+LENGTH_DISTS = ("fixed", "uniform", "lognormal")
+
+
+def tier_users(tier: dict[str, Any]) -> list[str]:
+    """The user names of a tier: ``<name>-00`` .. (two digits at least)."""
+    width = max(2, len(str(tier["users"] - 1)))
+    return [f"{tier['name']}-{i:0{width}d}" for i in range(tier["users"])]
+
+
+def _length(rng: random.Random, spec: int | dict[str, Any]) -> int:
+    if isinstance(spec, int):
+        return spec
+    if spec["dist"] == "fixed":
+        return int(spec["value"])
+    if spec["dist"] == "uniform":
+        return rng.randint(int(spec["low"]), int(spec["high"]))
+    return max(1, min(int(spec.get("max", 1 << 30)), round(rng.lognormvariate(math.log(spec["median"]),
+                                                                               spec["sigma"]))))
+
+
+def _arrivals(rng: random.Random, rate: float, duration_s: float, kind: str) -> list[float]:
+    """Arrival times in [0, duration_s) at ``rate`` per second: Poisson, or evenly spaced from a random phase."""
+    if rate <= 0:
+        return []
+    if kind == "constant":
+        step = 1.0 / rate
+        t = rng.uniform(0, step)
+        out = []
+        while t < duration_s:
+            out.append(t)
+            t += step
+        return out
+    out, t = [], rng.expovariate(rate)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def mix_requests(p: dict[str, Any]) -> list[TraceRequest]:
+    """The requests of a mix scenario, in arrival order: the same parameters and seed give the same list."""
+    rng = random.Random(p["seed"])
+    senders: list[tuple[str | None, list[float]]] = []
+    for tier in p["tiers"]:
+        for user in tier_users(tier):
+            if tier.get("burst", False):
+                times = [p["burst_at_s"]] * tier.get("burst_requests", 1)
+            else:
+                times = _arrivals(rng, tier["rate"], p["duration_s"], p["arrivals"])
+            senders.append((user, times))
+    senders.append((None, _arrivals(rng, p["anonymous_rate"], p["duration_s"], p["arrivals"])))
+    out = []
+    for user, times in senders:
+        for at in times:
+            max_tokens = _length(rng, p["output_tokens"])
+            prompt = _length(rng, p["prompt_tokens"])
+            eos = rng.random() < p["eos_fraction"]
+            cancel = max(1, round(max_tokens * rng.uniform(0.2, 0.8))) if rng.random() < p["cancel_fraction"] \
+                else None
+            group = f"g{rng.randrange(p['prefix_groups'])}" if rng.random() < p["prefix_fraction"] else None
+            api = "chat" if rng.random() < p["chat_fraction"] else "completions"
+            out.append(TraceRequest(at_s=round(at, 4), user=user, prompt=prompt, max_tokens=max_tokens,
+                                    cancel_after_tokens=cancel, eos=eos, prefix_group=group,
+                                    prefix_tokens=p["prefix_tokens"] if group else None, api=api))
+    out.sort(key=lambda r: r.at_s)  # stable: ties keep the tiers' order
+    return out
