@@ -119,12 +119,13 @@ def _analyse_run(run_dir: str | Path, th: Thresholds, partial: bool) -> VerifyRe
 
 
 def write_result(result: VerifyResult, *, plots: bool = True, max_plot_users: int = 8) -> list[Path]:
-    """Write verdict.json, report.md and plots/*.png into the run folder."""
+    """Write verdict.json, report.md, report.html and plots/*.png into the run folder."""
     with _no_cyclic_gc():
         return _write_result(result, plots=plots, max_plot_users=max_plot_users)
 
 
 def _write_result(result: VerifyResult, *, plots: bool, max_plot_users: int) -> list[Path]:
+    from ratebench.outputs import html
     from ratebench.outputs import json as json_out
     from ratebench.outputs import markdown
 
@@ -141,6 +142,7 @@ def _write_result(result: VerifyResult, *, plots: bool, max_plot_users: int) -> 
     t1 = time.perf_counter()
     written.append(json_out.write_verdict(result.verdict, run_dir / "verdict.json"))
     written.append(markdown.write_report(result.verdict, run_dir / "report.md", plot_paths))
+    written.append(html.write_report(result.verdict, run_dir / "report.html", plot_paths))
     result.stage_s["write"] = time.perf_counter() - t1
     result.written = written
     return written

@@ -83,7 +83,8 @@ def test_failures_come_first_after_the_tables_with_the_promise_and_where_to_look
     assert lines[first - 1].split()[:2] == ["eos", "user-b"]  # right after the last table's last row
     after_tables = " ".join(" ".join(lines[first:]).split())
     assert after_tables.startswith(f"broken promise 6: {PROMISES['6']} FAIL bound-dispatch-run ")
-    assert "look: plots/cumulative-seed-experiment-1-stream-patched-sync.png; worst window at 0.000.." in after_tables
+    assert "look: plots/seed-experiment-1-stream-patched-sync.png, the user's panel: red" in after_tables
+    assert "worst window at 0.000.." in after_tables
     assert after_tables.index("broken promise") < after_tables.index("rates in tok/s")  # before the legend
 
 
@@ -93,7 +94,7 @@ def test_report_puts_the_verdict_and_failures_first(broken_verdict):
     order = [report.index(h) for h in ("## Failures", "## Run", "## Users by scenario phase", "## Checks")]
     assert order == sorted(order)
     assert "**Broken promise 6: the bound" in report
-    assert "Look: plots/cumulative-seed-experiment-1-stream-patched-sync.png" in report
+    assert "Look: plots/seed-experiment-1-stream-patched-sync.png" in report
 
 
 def test_the_plot_a_failure_points_to_exists(tmp_path):

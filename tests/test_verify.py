@@ -48,11 +48,10 @@ def test_plots_are_written_and_embedded_in_the_report(tmp_path):
     run = one_phase_run(tmp_path / "run", streams=3)
     verify_run(run)
     pngs = sorted(p.name for p in (run / "plots").glob("*.png"))
-    assert any(n.startswith("cumulative-") for n in pngs)
-    assert any(n.startswith("gaps-") for n in pngs)
-    assert any(n.startswith("streams-") for n in pngs)
+    assert pngs == ["seed-experiment-main-patched-sync.png"]  # one plot per phase
     report = (run / "report.md").read_text()
-    assert "](plots/cumulative-" in report
+    assert "](plots/seed-experiment-main-patched-sync.png)" in report
+    assert "data:image/png;base64," in (run / "report.html").read_text()
 
 
 @pytest.mark.parametrize("limiter", ["burst-1s", "per-request", "rolling-1s", "never"])

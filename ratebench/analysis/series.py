@@ -16,6 +16,7 @@ ANONYMOUS = "__anonymous__"
 class UserSeries:
     dispatch_t_ns: np.ndarray
     dispatch_stream: np.ndarray  # stream index of each dispatch (-1: unknown)
+    dispatch_request: np.ndarray  # engine request code of each dispatch
     emit_t_ns: np.ndarray
     emit_count: np.ndarray
     emit_stream: np.ndarray
@@ -53,8 +54,9 @@ def phase_series(run: RunData, phase_index: int, users: list[str]) -> dict[str, 
                 continue
             m = mine["user"] == code
             dm, em = m & (mine["kind"] == KIND_DISPATCH), m & (mine["kind"] == KIND_EMIT)
-            engine_part[u] = (mine["t_ns"][dm].astype(np.int64), stream[dm], mine["t_ns"][em].astype(np.int64),
-                              mine["count"][em].astype(np.int64), stream[em], mine["req"][em].astype(np.int64))
+            engine_part[u] = (mine["t_ns"][dm].astype(np.int64), stream[dm], mine["req"][dm].astype(np.int64),
+                              mine["t_ns"][em].astype(np.int64), mine["count"][em].astype(np.int64), stream[em],
+                              mine["req"][em].astype(np.int64))
     chunks: dict[str, tuple[list, list, list]] = {u: ([], [], []) for u in users}
     for r in run.records:
         if (r.scenario, r.phase, r.engine) == p.key:
@@ -65,13 +67,13 @@ def phase_series(run: RunData, phase_index: int, users: list[str]) -> dict[str, 
                 chunks[u][2].append(np.full(len(r.chunk_ns), len(chunks[u][2]), dtype=np.int64))
     out = {}
     for u in users:
-        d_t, d_s, e_t, e_c, e_s, e_r = engine_part.get(u, (empty,) * 6)
+        d_t, d_s, d_r, e_t, e_c, e_s, e_r = engine_part.get(u, (empty,) * 7)
         ct, cc, cr = chunks[u]
         c_t = np.concatenate(ct) if ct else empty
         c_c = np.concatenate(cc) if cc else empty
         c_r = np.concatenate(cr) if cr else empty
         order = np.argsort(c_t, kind="stable")
-        out[u] = UserSeries(d_t, d_s, e_t, e_c, e_s, e_r, c_t[order], c_c[order], c_r[order])
+        out[u] = UserSeries(d_t, d_s, d_r, e_t, e_c, e_s, e_r, c_t[order], c_c[order], c_r[order])
     return out
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.gaps import GapStats
+from ratebench.analysis.overhead import OVERHEAD_ROLES
 from ratebench.analysis.rates import RateFigures
 from ratebench.analysis.verdict import UserPhaseSummary
 
@@ -88,14 +89,27 @@ def row_cells(row: UserPhaseSummary) -> list[str]:
     return [f"{row.scenario}/{row.phase}", row.engine, row.user, *figure_cells(row), "pass" if row.passed else "FAIL"]
 
 
+def in_rounds(role: str) -> bool:
+    """A phase of the overhead scenario's rounds: reports show its rows collapsed into the overhead
+    table and its plots into one (verdict.json keeps every round)."""
+    return role in OVERHEAD_ROLES
+
+
 def plot_slug(scenario: str, phase: str, engine: str) -> str:
-    """The part of a phase's plot file names after the plot kind (plots/<kind>-<slug>.png)."""
+    """A phase's plot file name, without the folder and suffix."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{scenario}-{phase}-{engine}").strip("-")
 
 
-def plot_file(kind: str, scenario: str, phase: str, engine: str) -> str:
-    """The run-folder path of one of a phase's plots: kind cumulative, gaps or streams."""
-    return f"plots/{kind}-{plot_slug(scenario, phase, engine)}.png"
+def plot_file(scenario: str, phase: str, engine: str) -> str:
+    """The run-folder path of a phase's plot (slack over time per limited user, gaps, streams).
+    The overhead scenario's rounds share one plot (``group_plot_file``); one of its phases has
+    its own only when a check of it failed."""
+    return f"plots/{plot_slug(scenario, phase, engine)}.png"
+
+
+def group_plot_file(scenario: str) -> str:
+    """The run-folder path of the one plot of a scenario's rounds (the overhead scenario)."""
+    return f"plots/{re.sub(r'[^A-Za-z0-9._-]+', '-', scenario).strip('-')}-rounds.png"
 
 
 def check_where(c) -> str:

@@ -29,8 +29,9 @@ PROMISES: dict[str, str] = {
     "replay": "a replayed trace reached the engine as the trace says: each request sent on time",
 }
 
-# where-to-look texts: {cumulative}, {gaps}, {streams} are the phase's plots, {events} the engine's event file
-_CUMULATIVE = "{cumulative}"
+# where-to-look texts: {plot} is the phase's plot, {events} the engine's event file
+_UPPER = "{plot}, the user's panel: red, slack under the bound over time, its tightest window shaded"
+_LOWER = "{plot}, the user's panel: blue, the margin above even spacing over time, its emptiest window shaded"
 _REPORT_ROW = "report.md, the row of {where}"
 
 
@@ -43,11 +44,11 @@ class CheckMeaning:
 
 CHECKS: dict[str, CheckMeaning] = {
     "bound-dispatch": CheckMeaning("6", "the engine charged more tokens in a window than the bound allows",
-                                   _CUMULATIVE),
+                                   _UPPER),
     "bound-emit": CheckMeaning("6", "the engine emitted more tokens in a window than the bound allows "
-                               "(with one engine step of tolerance)", _CUMULATIVE),
+                               "(with one engine step of tolerance)", _UPPER + " (dashed: emit)"),
     "bound-client": CheckMeaning("6", "the client received more tokens in a window than the bound allows "
-                                 "(information only: HTTP coalesces chunks)", _CUMULATIVE),
+                                 "(information only: HTTP coalesces chunks)", _UPPER),
     "bound-dispatch-run": CheckMeaning("6", "over the engine's whole event file, a window holds more charges than "
                                        "the bound allows (the limiter's state must carry across phases)",
                                        "{events}; report.md, the bound over each engine's whole event file"),
@@ -56,22 +57,22 @@ CHECKS: dict[str, CheckMeaning] = {
                                    "whole event file"),
     "delivery": CheckMeaning("2", "a user that always waits for tokens got less than its N tokens per second "
                              "in steady state (over-throttled, or charged without emitting)",
-                             _CUMULATIVE + " (the delivery line is the threshold)"),
+                             _LOWER + " (fewer than N tokens a second: the blue line sinks)"),
     "rate-seed": CheckMeaning("2", "the measured rate beside the limit (information)", _REPORT_ROW),
     "even-spacing-dispatch": CheckMeaning("2", "the user's charges came in clumps: some window inside its backlog "
                                           "got fewer than N * W tokens less the allowance (the lower side of the "
-                                          "bound)", _CUMULATIVE + "; {gaps}"),
+                                          "bound)", _LOWER),
     "even-spacing-emit": CheckMeaning("2", "the user's emitted tokens came in clumps: some window inside its backlog "
                                       "got fewer than N * W tokens less the allowance (the lower side of the "
-                                      "bound)", _CUMULATIVE + "; {gaps}"),
+                                      "bound)", _LOWER + " (dashed: emit)"),
     "stream-fairness": CheckMeaning("2", "one user's streams did not take turns on the shared budget",
-                                    "{streams} (one line per stream)"),
+                                    "{plot}, the streams panel (one line per stream)"),
     "reconciliation": CheckMeaning("3", "a finished request's usage.completion_tokens, streamed tokens and engine "
                                    "tokens disagree, or it was cut short",
                                    "requests.jsonl and {events} for the request the explanation names"),
     "cancellation": CheckMeaning("3", "after a client cancel the engine did not stop at once (or never finished "
                                  "the request)", "{events}: the finish event of the request the explanation "
-                                 "names; {streams}"),
+                                 "names; {plot}, the streams panel"),
     "charge-parity": CheckMeaning("1", "a request was charged for steps that sampled no token (a prefill chunk, "
                                   "or a charge without an emit)", "{events}: dispatch against emit events of the "
                                   "request the explanation names"),
@@ -79,15 +80,17 @@ CHECKS: dict[str, CheckMeaning] = {
                                 "charged against the user's budget", "report.md, times to first token of the "
                                 "long-prompt phase; {events}: the first emit of each request against its send"),
     "isolation-rate": CheckMeaning("4", "an unthrottled user slowed down beside a throttled neighbour",
-                                   _CUMULATIVE + "; the baseline phase's plots beside it"),
+                                   "{plot} against the baseline phase's plot"),
     "isolation-ttft": CheckMeaning("4", "an unthrottled user waited longer for its first token beside a throttled "
-                                   "neighbour", "report.md, inter-token gaps and times to first token; {gaps}"),
+                                   "neighbour", "report.md, inter-token gaps and times to first token; {plot}, "
+                                   "the gaps panel"),
     "isolation-gap-p99": CheckMeaning("4", "an unthrottled user's inter-token gaps grew beside a throttled "
-                                      "neighbour", "{gaps}; report.md, inter-token gaps"),
-    "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _CUMULATIVE),
+                                      "neighbour", "{plot}, the gaps panel; report.md, inter-token gaps"),
+    "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _LOWER),
     "overhead": CheckMeaning("7", "with limits never reached, the limiter costs more throughput than allowed "
                              "against the limiter off or stock vLLM",
-                             "report.md, Overhead: per-round ratios and the CPUs other processes took"),
+                             "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "
+                             "plot; verdict.json, overheads: each round"),
     "event-recording": CheckMeaning("events", "recording engine events costs more throughput than allowed",
                                     "report.md, Overhead: the feature-on/feature-on-no-events rounds"),
     "identity": CheckMeaning("identity", "a charge went to another user than the request's output_rate_user "
@@ -147,9 +150,7 @@ def failure_hints(verdict: Verdict) -> list[FailureHint]:
     for c in verdict.failures:
         m = meaning(c.name)
         look = m.look.format(
-            cumulative=plot_file("cumulative", c.scenario, c.phase, c.engine),
-            gaps=plot_file("gaps", c.scenario, c.phase, c.engine),
-            streams=plot_file("streams", c.scenario, c.phase, c.engine),
+            plot=plot_file(c.scenario, c.phase, c.engine),
             events=f"engines/{c.engine}/events.rbev", engine=c.engine, where=check_where(c))
         window = _worst_window(c, rows.get((c.scenario, c.phase, c.engine, c.user)), whole.get((c.engine, c.user)))
         if window:

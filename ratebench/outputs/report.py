@@ -1,0 +1,311 @@
+"""What report.md and report.html say, in order, as plain blocks each format renders.
+
+The order: the verdict; the failures, by the promise each broke; a partial run's missing
+phases; warnings; the run; the users table (the overhead rounds collapsed into the overhead
+table of paired ratios); inter-token gaps; the whole-file bound; the checks, one row per kind;
+the plots; the definitions. Inline text may hold ``**bold**`` and ```code``` (markdown's).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ratebench.analysis.verdict import Check, OverheadSummary, Verdict
+from ratebench.outputs.format import ROW_COLUMNS, check_where, in_rounds, row_cells
+from ratebench.outputs.promises import failures_by_promise, meaning
+
+
+@dataclass
+class Outcome:
+    """The verdict's word: the report's title."""
+
+    outcome: str  # PASS, FAIL, PARTIAL or FAIL (PARTIAL)
+
+
+@dataclass
+class Heading:
+    level: int
+    text: str
+
+
+@dataclass
+class Text:
+    text: str  # one paragraph
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Image:
+    path: Path  # the PNG
+    rel: str  # its path from the report
+    alt: str
+
+
+Block = Outcome | Heading | Text | Bullets | Table | Image
+
+DEFINITIONS = """\
+- **The bound**: in any window of W seconds a user receives at most `(W + 0.1) * N + 1`
+  tokens. Checked exactly, in integer nanoseconds, over every window between two of the
+  user's events (equivalent to every window): `max over i <= j of (C_j - 1 - N t_j) - (P_i - N t_i)
+  <= 0.1 N`, C and P the inclusive and exclusive token counts. *slack* = allowed - tokens in
+  the worst window; negative means broken. On **dispatch** events (the engine's charges) it must
+  hold with no tolerance; on **emit** events (tokens appended to the request) every window gets
+  the engine's longest step as tolerance; on **client** chunks it is information only.
+  Checked per scenario phase and over each engine's whole event file (`*/*` rows), because a
+  limiter's state carries across phases.
+- **Even spacing**: the lower side. A backlogged user whose budget limits it gets at least
+  `N * W - A` tokens in every window W of its backlog, `A = 1 + N * (P + slack)`, P the phase's
+  longest step period (`ratebench/analysis/spacing.py`). The figure: the emptiest window's
+  shortfall against N * W, in tokens.
+- **Slack over time** (the plots): at each of a user's events, the tokens under the bound in the
+  tightest window ending there (`0.1 N - (a_j - min over i <= j of a_i)`, `a_k = k - N t_k`; on emit
+  events with the step tolerance), and the tokens above even spacing in the emptiest window ending
+  there (`A` less its shortfall), only where the budget limited the user. Each line's lowest point is
+  the verdict's figure; below 0 that side is broken.
+- **Longest engine step**: the largest dispatch-to-emit latency: each emit event paired with the
+  latest dispatch event of its request at or before it, and never later than the k-th dispatch for
+  its first token k plus the request's extra charges (dispatch events - emitted tokens), so charges
+  that sample nothing do not stretch it, and async scheduling's look-ahead dispatch does not halve it.
+- **Seed rate**: tokens / (last token time - first token time), the seed article's method.
+- **Steady rate**: `(tokens - b) / (last - first)`, b = floor(0.1 N) + 1 the tokens GCRA lets
+  through at once: the rate beyond the initial burst; exactly N for an ideal limiter and a
+  backlogged user, never above N when the bound holds. Without a limit: tokens after the first
+  0.5 s over the time from there.
+- **Delivery**: a backlogged user's steady rate / N, on dispatch events and on emitted tokens;
+  both at least the threshold (a limiter that charges without emitting fails on emitted tokens).
+- **Charge parity**: for each finished request, dispatch events - emitted tokens = 0 when it
+  finished by length (or by stop under synchronous scheduling); 0 or 1 for a stop under async
+  scheduling (the look-ahead step), at most the steps already dispatched for an abort (1, 2 with
+  async scheduling). The figure: tokens outside that allowance, summed over the user's requests.
+- **Inter-token gap, per request**: time between consecutive emit events (engine) or
+  token-carrying chunks (client) of one request, pooled over the user's requests in the phase.
+  **Per user**: the same over all the user's events merged in time. Percentiles interpolate linearly.
+- **Reconciliation**: for every finished request, `usage.completion_tokens` = tokens streamed
+  = tokens emitted by the engine = the engine finish event's count (= max_tokens with
+  finish_reason "length" under ignore_eos). Requests refused with an error are not counted.
+- **Cancellation**: the engine finishes a cancelled request with abort (or had finished it
+  already), nothing happens for it after its finish event, and at most the threshold of its emit
+  events come after the client's cancel time. Charged tokens: its dispatch events.
+- **Isolation**: the unthrottled user's rate (and p99 gap) beside a throttled neighbour
+  (`shared`) over its rate alone (`baseline`). **Time to first token**: per request, the first
+  token-carrying chunk minus the send time (client; engine side: the first emit event minus the
+  send time); its p50 beside the neighbour must be at most `isolation_ttft_factor` x the p50
+  alone + `isolation_ttft_slack_ns` (defaults 2 x + 50 ms).
+- **Overhead**: the overhead scenario runs its roles (feature-on: limits never reached;
+  feature-on-no-events: the same without engine events; feature-off; stock vLLM) interleaved,
+  one phase each per round. A phase's throughput = its client tokens / (last token received -
+  first request sent). Per pair and round, the ratio of the two roles' throughputs; the figure
+  is 1 - the median of those ratios (`overhead` against feature-off and stock,
+  `event-recording` against feature-on-no-events), shown with their spread (min..max) and the
+  pooled ratio (all tokens / all time of each role). **Engine step p50**: the median over a
+  role's phases of the median time from one engine step's emit events to the next's.
+- **Stream fairness**: the largest difference between one user's streams' token counts
+  (counted from when the last stream started) while all of them are active.
+- **Jain's index**: `(sum x)^2 / (n sum x^2)` of the steady rates of backlogged users with equal limits.
+"""
+
+PLOTS_INTRO = (
+    "One plot per scenario phase; the overhead rounds share one (each role's throughput per round, each "
+    "pair's per-round ratio beside its median). A phase's plot has one panel per limited user: the slack "
+    "over time on both sides of the promise, in tokens, below 0 broken. **Red**: tokens under the bound "
+    "in the tightest window ending at each moment (solid on dispatch events, dashed on emit events with "
+    "the step tolerance). **Blue**: tokens above even spacing (`N * W` less the allowance) in the emptiest "
+    "window ending there, only where the budget, not the engine, limited the user. Shaded: the bound's "
+    "tightest window (red) and even spacing's emptiest (blue), as the verdict reports them. Then the "
+    "inter-token gap CDFs and the per-stream tokens of the user with the most streams."
+)
+
+
+def _definitions() -> Bullets:
+    items = [" ".join(line.strip() for line in item.splitlines()) for item in DEFINITIONS[2:].split("\n- ")]
+    return Bullets(items)
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.4g}"
+    return str(x)
+
+
+def report_blocks(verdict: Verdict, plot_paths: list[Path] | None = None,
+                  base_dir: Path | None = None) -> list[Block]:
+    """The report's content, in order (``plot_paths`` relative to ``base_dir`` in the text)."""
+    v = verdict
+    ms = v.manifest_summary
+    out: list[Block] = [Outcome(v.outcome)]
+    n_info = sum(c.passed is None for c in v.checks)
+    out.append(Text(f"Run `{v.run_dir}`, id `{v.run_id}`, profile `{v.profile_name}`. "
+                    f"{len(v.checks) - n_info} checks, {len(v.failures)} failed, {n_info} informational."))
+    if v.partial:
+        out.append(Text(f"**PARTIAL**: the run did not complete (state `{ms.get('state')}`); only its completed "
+                        f"phases were checked, {len(v.missing_phases)} phases were not (below). A partial verdict "
+                        "never passes."))
+    # what broke first: the failures, under the promise each tests, with where to look
+    if v.failures:
+        out.append(Heading(2, "Failures"))
+        for promise, hints in failures_by_promise(v):
+            out.append(Text(f"**Broken {promise}**"))
+            out.append(Bullets([f"**{h.check.name}** {check_where(h.check)}: {h.broke}. {h.check.explanation}. "
+                                f"Look: {h.look}." for h in hints]))
+    if v.missing_phases:
+        out.append(Heading(2, "Missing phases (not checked)"))
+        out.append(Table(["scenario", "phase", "engine", "why"],
+                         [[m.scenario, m.phase, m.engine, m.why] for m in v.missing_phases]))
+    if v.warnings:
+        out += [Heading(2, "Warnings"), Bullets(list(v.warnings))]
+    out += _run(v)
+    out += _users(v)
+    for o in v.overheads:
+        out += _overhead(v, o)
+    out += _gaps(v)
+    out += _whole_file_bounds(v)
+    out += _checks(v)
+    if plot_paths:
+        out += [Heading(2, "Plots"), Text(PLOTS_INTRO)]
+        for p in plot_paths:
+            p = Path(p)
+            out.append(Image(p, os.path.relpath(p, base_dir) if base_dir else str(p), p.stem))
+    out += [Heading(2, "Definitions"), _definitions()]
+    return out
+
+
+def _run(v: Verdict) -> list[Block]:
+    ms = v.manifest_summary
+    info = [[k, f"`{ms.get(k)}`"] for k in ("state", "ratebench_version", "vllm_version", "git_commit",
+                                            "patch_sha256", "python", "machine") if k in ms]
+    eng_rows = []
+    for name, e in (ms.get("engines") or {}).items():
+        step = v.engine_steps.get(name)
+        longest = f"{step.longest_ns / 1e6:.2f} ms" if step and step.samples else "n/a"
+        eng_rows.append([name, _fmt(e.get("kind")), _fmt(e.get("feature")), _fmt(e.get("async_scheduling")),
+                         _fmt(e.get("default_tps")), f"`{e.get('user_tps')}`", longest])
+    th = v.thresholds
+    return [Heading(2, "Run"), Table(["", "value"], info),
+            Table(["engine", "kind", "feature", "async", "default tok/s", "overrides", "longest step"], eng_rows),
+            Text("Thresholds: " + ", ".join(f"`{k}` = {_fmt(getattr(th, k))}" for k in th.__dataclass_fields__))]
+
+
+def _shown(v: Verdict):
+    """The rows the tables show: all but the overhead rounds' (a failing one stays)."""
+    return [r for r in v.rows if not in_rounds(r.role) or not r.passed]
+
+
+def _users(v: Verdict) -> list[Block]:
+    shown = _shown(v)
+    out = [Heading(2, "Users by scenario phase" + (" (PARTIAL: the completed phases only)" if v.partial else "")),
+           Text("Rates in tok/s, slack in tokens, gaps in ms."),
+           Table(list(ROW_COLUMNS), [row_cells(r) for r in shown])]
+    hidden = {(r.scenario, r.phase, r.engine) for r in v.rows} - {(r.scenario, r.phase, r.engine) for r in shown}
+    if hidden:
+        scenarios = sorted({s for s, _, _ in hidden})
+        out.append(Text(f"The {len(hidden)} passing phases of the overhead rounds (scenario "
+                        f"{', '.join(f'`{s}`' for s in scenarios)}) are collapsed into the overhead table below; "
+                        "verdict.json has each round's rows."))
+    return out
+
+
+def _overhead(v: Verdict, o: OverheadSummary) -> list[Block]:
+    """Per pair the per-round ratios' median and spread beside the pooled ratio; per role its pooled
+    throughput and step time. Each round's figures are in verdict.json."""
+    rows = [[pair, f"{p.median:.3f}", f"{p.min:.3f}..{p.max:.3f}", str(p.rounds), f"{p.pooled:.3f}"]
+            for pair, p in o.paired.items()]
+    rows += [[pair, "-", "-", "0", f"{ratio:.3f}"] for pair, ratio in o.ratios.items() if pair not in o.paired]
+    rounds = len(o.round_throughput_tps)
+    role_rows = []
+    for role in o.throughput_tps:
+        step = o.step_p50_ns.get(role)
+        ran = sum(role in r for r in o.round_throughput_tps.values())
+        other = [c[role] for c in o.round_other_cpu.values() if role in c]
+        role_rows.append([role, str(ran), _fmt(o.tokens.get(role)), f"{o.throughput_tps[role]:.1f}",
+                          "-" if step is None else f"{step / 1e6:.3f}", f"{max(other):.2f}" if other else "-"])
+    return [
+        Heading(2, f"Overhead (scenario `{o.scenario}`)"),
+        Text(f"Throughput ratios a/b over {rounds} rounds, paired round by round: the median of the per-round "
+             "ratios (the figure the checks use), their spread (min..max), and the pooled ratio (all tokens over "
+             "all time of each role). verdict.json has each round's ratios and throughputs."),
+        Table(["pair a/b", "median", "spread", "rounds", "pooled"], rows),
+        Text("Per role: throughput in tok/s over all rounds, the median engine step in ms, and the most CPUs that "
+             "processes outside the run kept busy in any of its phases (a busy machine makes that round say less)."),
+        Table(["role", "rounds", "tokens", "pooled tok/s", "engine step p50", "other CPUs, max"], role_rows),
+    ]
+
+
+def _gaps(v: Verdict) -> list[Block]:
+    rows = []
+    for r in _shown(v):
+        for label, g in (("emit/request", r.gaps_emit_request), ("emit/user", r.gaps_emit_user),
+                         ("client/request", r.gaps_client_request), ("client/user", r.gaps_client_user),
+                         ("first token, client", r.ttft_client), ("first token, engine", r.ttft_engine)):
+            if g is not None:
+                rows.append([f"{r.scenario}/{r.phase}", r.engine, r.user, label, str(g.count),
+                             *(f"{x / 1e6:.2f}" for x in (g.min_ns, g.p50_ns, g.p90_ns, g.p99_ns, g.max_ns))])
+    return [Heading(2, "Inter-token gaps and times to first token (ms)"),
+            Table(["scenario/phase", "engine", "user", "gaps", "n", "min", "p50", "p90", "p99", "max"], rows)]
+
+
+def _whole_file_bounds(v: Verdict) -> list[Block]:
+    rows = []
+    for eb in v.engine_bounds:
+        for label, b in (("dispatch", eb.dispatch), ("emit", eb.emit)):
+            if b is not None and b.worst is not None:
+                w = b.worst
+                rows.append([eb.engine, eb.user, str(eb.limit_tps), label, str(b.events), str(b.tokens),
+                             f"{w.window_s:.3f}", str(w.tokens), f"{w.allowed_tokens:.2f}", f"{w.slack_tokens:+.3f}",
+                             "pass" if b.passed else "FAIL"])
+    if not rows:
+        return []
+    return [Heading(2, "The bound over each engine's whole event file"),
+            Table(["engine", "user", "limit", "on", "events", "tokens", "worst W s", "tokens in W", "allowed",
+                   "slack", "result"], rows)]
+
+
+def _margin(c: Check) -> float | None:
+    """How far a judged check's figure is from its threshold, on its passing side (negative: failed)."""
+    if c.passed is None or not isinstance(c.figure, (int, float)) or not isinstance(c.threshold, (int, float)):
+        return None
+    if c.op == ">=":
+        return c.figure - c.threshold
+    if c.op == "<=":
+        return c.threshold - c.figure
+    return None
+
+
+def _checks(v: Verdict) -> list[Block]:
+    """One row per kind of check: how many passed, failed, informed, and the closest call."""
+    kinds: dict[str, list[Check]] = {}
+    for c in v.checks:
+        kinds.setdefault(c.name, []).append(c)
+    rows = []
+    for name, checks in kinds.items():
+        judged = [(m, c) for c in checks if (m := _margin(c)) is not None]
+        figures = [c.figure for c in checks if isinstance(c.figure, (int, float))]
+        closest = "-"
+        if judged:
+            _, c = min(judged, key=lambda mc: mc[0])
+            closest = f"{_fmt(c.figure)} {c.unit} {c.op} {_fmt(c.threshold)}: {check_where(c)}"
+        elif figures:  # informational only: the range of its figures
+            closest = f"{_fmt(min(figures))}..{_fmt(max(figures))} {checks[0].unit} (information)"
+        rows.append([name, meaning(name).promise, str(sum(c.passed is True for c in checks)),
+                     str(sum(c.passed is False for c in checks)),
+                     str(sum(c.passed is None for c in checks)), closest])
+    rows.sort(key=lambda r: (r[3] == "0", r[0]))
+    return [Heading(2, "Checks"),
+            Text(f"{len(v.checks)} checks of {len(kinds)} kinds, one row per kind: how many passed, failed and "
+                 "informed, and the closest call (the figure nearest its threshold, and where; for a check that only "
+                 "informs, the range of its figures). The failed ones "
+                 "are under Failures above; verdict.json has every check with its explanation."),
+            Table(["check", "promise", "pass", "FAIL", "info", "closest call"], rows)]
