@@ -77,6 +77,8 @@ class EngineSpec:
     # to site-packages -> bytes, None: absent in the release); served through an
     # import overlay so the installed (patched) tree is never changed. None: as installed.
     pristine_files: dict[str, bytes | None] | None = field(default=None, repr=False)
+    # CPU: keep --async-scheduling through ratebench/cpu_async.py's overlay (async engines only).
+    cpu_async_overlay: bool = False
 
     def limiter_flags(self) -> list[str]:
         if not self.feature:
@@ -346,14 +348,31 @@ def records_events(spec: EngineSpec) -> bool:
     return spec.record_events and spec.kind == "patched"
 
 
-def engine_env(spec: EngineSpec, *, events_path: Path | str | None, overlay_dir: Path | str | None) -> dict[str, str]:
+def uses_cpu_async_overlay(spec: EngineSpec) -> bool:
+    """Whether the engine runs through the CPU async overlay (asked for, and async scheduling)."""
+    return spec.cpu_async_overlay and spec.async_scheduling
+
+
+def engine_env(spec: EngineSpec, *, events_path: Path | str | None, overlay_dir: Path | str | None,
+               cpu_async_dir: Path | str | None = None) -> dict[str, str]:
     """The variables ratebench sets for an engine, over the inherited environment (from which the
     event file variable is always removed). ``events_path``: where the engine records events, if it
-    does; ``overlay_dir``: a stock engine's import overlay."""
+    does; ``overlay_dir``: a stock engine's import overlay; ``cpu_async_dir``: the folder of the CPU
+    async overlay (``overlay/``) and its counts (``stats/``), see :mod:`ratebench.cpu_async`."""
     env = {**ENGINE_BASE_ENV, **spec.env}
     env.pop(EVENTS_ENV_VAR, None)
-    if overlay_dir is not None:
-        env.update(stock_overlay_env(overlay_dir))
+    paths = [str(overlay_dir)] if overlay_dir is not None else []
+    if cpu_async_dir is not None:
+        # Behind the stock overlay: its sitecustomize chains to this one, whose finder then goes in
+        # front of the stock finder and patches the pristine modules that finder loads.
+        from ratebench.cpu_async import overlay_env
+
+        cpu_env = overlay_env(Path(cpu_async_dir) / "overlay", Path(cpu_async_dir) / "stats", None)
+        env.update(cpu_env)
+        paths.append(cpu_env["PYTHONPATH"])
+    if paths:
+        inherited = os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(paths + ([inherited] if inherited else []))
     if events_path is not None:
         env[EVENTS_ENV_VAR] = str(events_path)
     return env
@@ -370,9 +389,17 @@ def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
         overlay_dir = Path(tempfile.mkdtemp(prefix=f"ratebench-{spec.name}-"))
         write_stock_overlay(spec.pristine_files, site_packages_of_vllm(), overlay_dir)
     events_path = (folder / "events.rbev") if records_events(spec) else None
+    cpu_async_dir = None
+    if uses_cpu_async_overlay(spec):
+        from ratebench.cpu_async import write_overlay
+
+        cpu_async_dir = (folder / "cpu-async").resolve()
+        shutil.rmtree(cpu_async_dir / "stats", ignore_errors=True)  # counts of this start only
+        write_overlay(cpu_async_dir / "overlay")
     env = dict(os.environ)
     env.pop(EVENTS_ENV_VAR, None)
-    env.update(engine_env(spec, events_path=events_path.resolve() if events_path else None, overlay_dir=overlay_dir))
+    env.update(engine_env(spec, events_path=events_path.resolve() if events_path else None, overlay_dir=overlay_dir,
+                          cpu_async_dir=cpu_async_dir))
     log_file = open(folder / "engine.log", "ab")
     log_file.write(f"# ratebench: {' '.join(spec.argv(port))}\n".encode())
     log_file.flush()

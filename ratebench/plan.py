@@ -65,6 +65,7 @@ def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool
         default_tps=lim.default_tps if feature else None,
         user_tps=dict(lim.user_tps) if feature else {},
         env=dict(profile.engine.env), record_events=role != ROLE_NO_EVENTS,
+        cpu_async_overlay=profile.engine.cpu_async_overlay and mode == "async",
     )
 
 

@@ -31,6 +31,7 @@ Schema (every key is checked; unknown keys are errors)::
     enable_prefix_caching = true      # --[no-]enable-prefix-caching (optional)
     extra_args = []                   # more `vllm serve` flags, verbatim
     env = {}                          # environment variables for the engine
+    cpu_async_overlay = false         # CPU: async engines keep --async-scheduling (ratebench/cpu_async.py)
 
     [limits]
     default_tps = 100                 # --default-user-output-tokens-per-second
@@ -111,6 +112,7 @@ class EngineFlags:
     enable_prefix_caching: bool | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    cpu_async_overlay: bool = False  # async engines run through ratebench/cpu_async.py (device "cpu" only)
 
 
 @dataclass
@@ -422,7 +424,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
 
     e = v.table(data, "engine")
     v.keys(e, "engine", {"max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-                         "enable_prefix_caching", "extra_args", "env"}, required={"max_num_seqs", "max_num_active_seqs"})
+                         "enable_prefix_caching", "extra_args", "env", "cpu_async_overlay"}, required={"max_num_seqs", "max_num_active_seqs"})
     extra_args = e.get("extra_args", [])
     if not (isinstance(extra_args, list) and all(isinstance(a, str) for a in extra_args)):
         raise ProfileError(path, "engine.extra_args", "a list of strings", extra_args)
@@ -437,7 +439,10 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
         enable_prefix_caching=v.get(e, "engine", "enable_prefix_caching", "bool", None),
         extra_args=list(extra_args),
         env=dict(env),
+        cpu_async_overlay=v.get(e, "engine", "cpu_async_overlay", "bool", False),
     )
+    if engine.cpu_async_overlay and device != "cpu":
+        raise ProfileError(path, "engine.cpu_async_overlay", 'false unless profile.device is "cpu"', True)
     if engine.max_num_active_seqs > engine.max_num_seqs:
         raise ProfileError(path, "engine.max_num_active_seqs", f"at most engine.max_num_seqs ({engine.max_num_seqs})",
                            engine.max_num_active_seqs)

@@ -43,6 +43,7 @@ from ratebench.engine import (
     launch_engine,
     machine_busy_cpu_s,
     records_events,
+    uses_cpu_async_overlay,
     wait_ready,
     warm_up,
 )
@@ -256,7 +257,7 @@ class Run:
             "flags": spec.all_flags(), "events_file": None, "log_file": f"engines/{name}/engine.log",
             "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
             "stopped_monotonic_ns": None, "killed_pids": [],
-            "stock_overlay": spec.pristine_files is not None,
+            "stock_overlay": spec.pristine_files is not None, "cpu_async_overlay": uses_cpu_async_overlay(spec),
             "record_events": records_events(spec), "warm_up": None,
         }
         self.write_manifest()
@@ -323,6 +324,15 @@ class Run:
 
     def _record_effective_settings(self, name: str, engine: RunningEngine, entry: dict[str, Any]) -> None:
         """What the engine says it ran with (its event file header), beside what was asked."""
+        if uses_cpu_async_overlay(engine.spec):  # what the CPU async overlay saw inside the engine
+            from ratebench.cpu_async import read_stats, stats_problems
+
+            entry["cpu_async"] = read_stats(engine.folder / "cpu-async" / "stats")
+            for problem in stats_problems(entry["cpu_async"]):
+                msg = f"engine {name}: CPU async overlay: {problem}"
+                entry.setdefault("warnings", []).append(msg)
+                self.manifest.setdefault("warnings", []).append(msg)
+                self.console.print(f"[yellow]warning:[/] {msg}")
         if engine.events_path is None or not engine.events_path.is_file():
             return
         try:
