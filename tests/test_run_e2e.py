@@ -40,8 +40,8 @@ SMALL_PROFILE = """
 [profile]
 description = "test: every scenario kind, small and fast"
 device = "cpu"
-# Sync only: vLLM's CPU platform turns --async-scheduling off anyway (the flag itself
-# is checked in tests/test_engine.py), and every engine costs a minute to start here.
+# Sync only: every engine costs a minute to start here; asynchronous scheduling on CPU
+# (the cpu_async_overlay) has its own end-to-end test, tests/test_cpu_async_e2e.py.
 scheduling = ["sync"]
 startup_timeout_s = 300
 shutdown_grace_s = 15
