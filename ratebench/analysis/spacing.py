@@ -38,10 +38,11 @@ inside runs of consecutive engine steps at which the user's waiting requests
 could take every token the budget allowed: at least ``ceil(N * period)``
 requests waiting at a step after which the engine went straight on, at least
 one at a step after which it waited, and no step longer than the burst (a
-waiting user loses for good what came due more than the burst ago). Outside those runs (before a phase's
-first token, after its last, between two requests of a closed-loop stream,
-while long steps let fewer streams take fewer tokens than N a second) the
-engine, not the budget, limits the user, and nothing is judged.
+waiting user loses for good what came due more than the burst ago); a run
+also ends where no request of the user waits. Outside those runs (before a
+phase's first token, after its last, between two requests of a closed-loop
+stream, while long steps let fewer streams take fewer tokens than N a second)
+the engine, not the budget, limits the user, and nothing is judged.
 
 Exact, one pass
 ---------------
@@ -148,8 +149,8 @@ def budget_limited_intervals(req_first_ns: np.ndarray, req_last_ns: np.ndarray, 
     at least ``ceil(N * period)`` of its requests waiting when the engine went straight on to the
     next step (one token per waiting request per step), at least one when it then waited (it waited
     for a budget); a step that kept the engine longer than the burst ends a run (the waiting user
-    loses what was due beyond the burst). Each request waits from its first to its last event. An (m, 2) array of
-    [first step, last step] starts."""
+    loses what was due beyond the burst). Each request waits from its first to its last event. An (m, 2)
+    array of [first step, last step] starts."""
     s = np.asarray(step_start_ns, dtype=np.int64)
     if len(s) == 0 or len(req_first_ns) == 0:
         return np.empty((0, 2), dtype=np.int64)
