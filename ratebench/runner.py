@@ -493,7 +493,7 @@ def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:
     """The verifier's verdict on a complete run, written into the run folder."""
     from ratebench import verify
 
-    console.print("[bold]verify[/]: checking the run (verdict.json, report.md, plots/)")
+    console.print("[bold]verify[/]: checking the run (verdict.json, report.md, report.html, plots/)")
     try:
         verdict = verify.verify_run(run_dir)
     except verify.RunFolderError as exc:

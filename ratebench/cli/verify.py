@@ -81,7 +81,7 @@ def verify_bound(
         "--partial", help="a run that did not complete (interrupted, failed part way): check the phases that "
         "completed, name the others; the verdict is marked PARTIAL and never passes")] = False,
 ) -> None:
-    """Re-check a run folder from its files alone; write verdict.json, report.md, plots/.
+    """Re-check a run folder from its files alone; write verdict.json, report.md, report.html, plots/.
 
     Exit 0: every check passed; 1: a check failed; 2: the run folder is unusable (without
     --partial: the run did not complete); 4: --partial on a run that did not complete, and
@@ -99,7 +99,7 @@ def verify_bound(
         raise fail(str(exc), verify.EXIT_UNUSABLE, label="unusable run folder") from None
     written = verify.write_result(result, plots=plots, max_plot_users=max_plot_users)
     print_verdict(result.verdict)
-    stderr().print(f"wrote {len(written)} files into {run_dir} (verdict.json, report.md, plots/)")
+    stderr().print(f"wrote {len(written)} files into {run_dir} (verdict.json, report.md, report.html, plots/)")
     raise typer.Exit(verify.exit_code(result.verdict))
 
 
