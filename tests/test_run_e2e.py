@@ -427,9 +427,12 @@ def test_a_killed_run_is_partial_and_leaves_no_engine(tmp_path: Path, patched_vl
     profile = _write_profile(tmp_path, SLOW_PROFILE, "slow")
     results = tmp_path / "results"
     with hold_engine_lock():
+        # SIGINT as a terminal delivers it, whatever this process inherited: a shell starts background
+        # jobs (a CI script run with `&`) with SIGINT ignored, and a child would inherit that
         proc = subprocess.Popen(
             [sys.executable, "-m", "ratebench", "run", "--profile", str(profile), "--results", str(results)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             deadline = time.monotonic() + 300
             manifest_path = None
