@@ -72,6 +72,10 @@ class StreamRequest:
     spoof: str | None = None  # the channels through which the request names another user, in words
     stream_index: int = 0
     prompt_tokens: int | None = None  # known length of the prompt, when exact
+    # a closed loop: at most loop_streams requests of loop_group open at once, each sent delay_s after
+    # one of them ends (the first ones, after the phase starts), in list order
+    loop_group: str | None = None
+    loop_streams: int = 1
 
 
 @dataclass
@@ -170,6 +174,22 @@ class Driver:
             # certificate bundle: tens of ms that would make the first requests late)
             t0 = time.monotonic_ns()
             tasks: list[tuple[StreamRequest, asyncio.Task]] = []
+            loops: dict[str, asyncio.Queue] = {}  # a closed loop's free places: when each was freed (ns)
+
+            async def in_loop(free: asyncio.Queue, req: StreamRequest, rec: ClientRecord) -> None:
+                # its time is delay_s after the request whose place it takes ended (the lateness counts from there)
+                try:
+                    freed_ns = await free.get()
+                except asyncio.CancelledError:  # the run was interrupted before a place was free
+                    rec.cancelled, rec.error = True, ERROR_INTERRUPTED
+                    rec.cancel_ns = rec.done_ns = time.monotonic_ns()
+                    raise
+                rec.scheduled_ns = freed_ns + int(req.delay_s * 1e9)
+                try:
+                    await self._stream(client, ctx, req, rec, sem, live, stop_flags)
+                finally:
+                    free.put_nowait(rec.done_ns or time.monotonic_ns())
+
             for req in requests:
                 rec = ClientRecord(
                     client_id=self.next_client_id(), scenario=ctx.scenario, phase=ctx.phase, engine=ctx.engine,
@@ -179,7 +199,14 @@ class Driver:
                 )
                 self.records.append(rec)
                 phase_records.append(rec)
-                task = asyncio.create_task(self._stream(client, ctx, req, rec, sem, live, stop_flags))
+                if req.loop_group is None:
+                    task = asyncio.create_task(self._stream(client, ctx, req, rec, sem, live, stop_flags))
+                else:
+                    if req.loop_group not in loops:
+                        loops[req.loop_group] = asyncio.Queue()
+                        for _ in range(req.loop_streams):
+                            loops[req.loop_group].put_nowait(t0)
+                    task = asyncio.create_task(in_loop(loops[req.loop_group], req, rec))
                 tasks.append((req, task))
             title = f"{ctx.scenario} / {ctx.phase} on {ctx.engine}"
             with Live(live.table(title), console=self.console, refresh_per_second=4, transient=True,
