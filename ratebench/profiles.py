@@ -61,7 +61,8 @@ the file is read and checked when the profile loads, its mistakes named by line:
 
 A ``mix`` scenario makes its requests from a seed (``ratebench/mix.py``; its
 parameters in ``docs/trace.md``): tiers of users, given in ``[[scenarios.tiers]]``
-tables (``name``, ``users``, ``limit_tps``, ``rate`` or ``burst``), are named
+tables (``name``, ``users``, ``limit_tps``, ``rate`` or ``burst``, or ``arrival = "closed"``
+with ``streams``, ``requests``, ``think_s``, ``backlogged``), are named
 ``<name>-00``, ``<name>-01``, ... and take the tier's limit as if declared in
 ``[limits.users]``; those names must not be declared there.
 """
@@ -317,7 +318,9 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "seed": ("nonneg_int", 0),
         "duration_s": ("pos_num", 10.0),  # arrivals within [0, duration_s)
         "arrivals": ("arrivals", "poisson"),
-        "tiers": ("tiers", REQUIRED),  # each: name, users, limit_tps, rate (per user per s), burst, burst_requests
+        # each: name, users, limit_tps, arrival; rate (per user per s), burst, burst_requests; or, with
+        # arrival = "closed": streams (open per user), requests (per user), think_s, backlogged
+        "tiers": ("tiers", REQUIRED),
         "anonymous_rate": ("nonneg_num", 0),  # anonymous requests per second, in total
         "burst_at_s": ("nonneg_num", 0),  # when the burst tiers' users arrive, all at once
         "prompt_tokens": ("length", 32),
@@ -662,10 +665,11 @@ class _Validator:
     def _mix_rules(self, p: dict, where: str, limits: Limits, max_len: int | None) -> None:
         """Each tier and length is well formed; the tiers' users get their limits in ``limits``
         (they are engine flags like [limits.users]); the seed makes at least one request, and each fits."""
-        from ratebench.mix import mix_requests, tier_users
+        from ratebench.mix import CLOSED, TIER_ARRIVALS, mix_requests, tier_users
 
         names: set[str] = set()
-        tier_keys = {"name", "users", "limit_tps", "rate", "burst", "burst_requests"}
+        open_keys, closed_keys = ("rate", "burst", "burst_requests"), ("streams", "requests", "think_s", "backlogged")
+        tier_keys = {"name", "users", "limit_tps", "arrival", *open_keys, *closed_keys}
         for i, tier in enumerate(p["tiers"]):
             at = f"{where}.tiers[{i}]"
             self.keys(tier, at, tier_keys, required={"name", "users"})
@@ -675,11 +679,33 @@ class _Validator:
             names.add(name)
             self.get(tier, at, "users", "pos_int", REQUIRED)
             limit = self.get(tier, at, "limit_tps", "pos_int", None)
-            burst = self.get(tier, at, "burst", "bool", False)
-            self.get(tier, at, "rate", "nonneg_num", None if burst else REQUIRED)
-            self.get(tier, at, "burst_requests", "pos_int", 1)
-            if not burst and tier.get("burst_requests") is not None:
-                raise ProfileError(self.path, f"{at}.burst_requests", "burst = true with it", has_got=False)
+            arrival = tier.get("arrival", p["arrivals"])
+            if arrival not in TIER_ARRIVALS:
+                raise ProfileError(self.path, f"{at}.arrival", f"one of {list(TIER_ARRIVALS)}".replace("'", '"'),
+                                   arrival)
+            if arrival == CLOSED:
+                for key in open_keys:
+                    if key in tier:
+                        raise ProfileError(self.path, f"{at}.{key}", 'no rate nor burst with arrival = "closed" (each '
+                                           "user sends its next request when one of its streams ends): remove it",
+                                           has_got=False)
+                streams = self.get(tier, at, "streams", "pos_int", 1)
+                requests = self.get(tier, at, "requests", "pos_int", REQUIRED)
+                self.get(tier, at, "think_s", "nonneg_num", 0)
+                self.get(tier, at, "backlogged", "bool", False)
+                if streams > requests:
+                    raise ProfileError(self.path, f"{at}.streams", f"at most requests ({requests}), the requests each "
+                                       "user sends in all", streams)
+            else:
+                for key in closed_keys:
+                    if key in tier:
+                        raise ProfileError(self.path, f"{at}.{key}", 'arrival = "closed" with it (an open-loop user '
+                                           "sends at its rate or in a burst)", has_got=False)
+                burst = self.get(tier, at, "burst", "bool", False)
+                self.get(tier, at, "rate", "nonneg_num", None if burst else REQUIRED)
+                self.get(tier, at, "burst_requests", "pos_int", 1)
+                if not burst and tier.get("burst_requests") is not None:
+                    raise ProfileError(self.path, f"{at}.burst_requests", "burst = true with it", has_got=False)
             for user in tier_users(tier):
                 if user in limits.user_tps:
                     raise ProfileError(self.path, f"{at}.name", f"a tier whose users ({user}, ...) are not declared "

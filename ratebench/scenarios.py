@@ -27,7 +27,7 @@ from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.engine import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
-from ratebench.mix import mix_requests
+from ratebench.mix import mix_requests, tier_of_users
 from ratebench.trace import TraceRequest, read_trace
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
@@ -575,7 +575,8 @@ async def _trace_streams(ctx: ScenarioContext, engine: EngineRef, requests: list
             exact = len(prompt)
         return StreamRequest(user=r.user, prompt=prompt, max_tokens=r.max_tokens, api=r.api, ignore_eos=not r.eos,
                              delay_s=r.at_s, cancel_after_tokens=r.cancel_after_tokens,
-                             cancel_after_s=r.cancel_after_s, stream_index=i, prompt_tokens=exact)
+                             cancel_after_s=r.cancel_after_s, stream_index=i, prompt_tokens=exact,
+                             loop_group=r.user if r.loop_streams else None, loop_streams=r.loop_streams or 1)
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
 
@@ -620,6 +621,17 @@ def trace(spec: ScenarioSpec) -> list[PhasePlan]:
     return [PhasePlan(spec.name, "trace", _main_engine(spec), run, lambda limits: _trace_estimate(requests, limits))]
 
 
+def _mix_users(p: dict[str, Any], requests: list[TraceRequest]) -> dict[str, dict[str, Any]]:
+    """The mix's users, each tier user with its tier; backlogged: the users of closed-loop tiers that say so."""
+    tier_of = tier_of_users(p["tiers"])
+    backlogged_tiers = {t["name"] for t in p["tiers"] if t.get("backlogged", False)}
+    users = _trace_users(requests, [u for u, tier in tier_of.items() if tier in backlogged_tiers])
+    for user, info in users.items():
+        if user in tier_of:
+            info["tier"] = tier_of[user]
+    return users
+
+
 def mix(spec: ScenarioSpec) -> list[PhasePlan]:
     """A seeded synthetic population (ratebench/mix.py) replayed like a trace; with ``baseline``, the
     same requests again on the limiter-off engine of the same mode (limits raised)."""
@@ -630,7 +642,7 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
     def phase_of(phase: str, role: str):
         async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
             reqs = await _trace_streams(ctx, engine, requests, _salt(ctx, engine, phase))
-            await ctx.phase(engine, phase, reqs, _trace_users(requests, []), role=role,
+            await ctx.phase(engine, phase, reqs, _mix_users(p, requests), role=role,
                             params={"trace_duration_s": max(r.at_s for r in requests)})
         return run
 

@@ -58,6 +58,9 @@ class TraceRequest:
     prefix_tokens: int | None = None  # the group's shared prefix length (with prefix_group)
     api: str = "completions"
     line: int = 0  # where it came from in its file (0: made in memory); not written
+    # a closed loop (made by a mix, not written): at most this many of the user's requests open at
+    # once, each sent at_s after one of them ends, in list order (None: sent at_s after the start)
+    loop_streams: int | None = None
 
     def expected_tokens(self) -> int | None:
         """The output tokens it receives at most before it ends, when known (None: a real EOS may end it)."""
