@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/event_recording.py [--r 16,256] [--active 4,64] [--rounds 21] [--steps 100]
 
-Two real patched schedulers side by side in one process (``ratebench.microbench``:
+Two real patched schedulers side by side in one process (``ratebench.profiling.microbench``:
 the tiny model's config, a controlled model output, the limiter on with limits never
 reached), one built with ``VLLM_OUTPUT_RATE_EVENTS_FILE`` set (dispatch, emit and finish
 events written to a temporary file by the recorder's thread) and one without. Rounds
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ratebench.microbench import VARIANT_NEVER_REACHED, MicrobenchSettings, SchedulerBench, warmup_calls_for  # noqa: E402
+from ratebench.profiling.microbench import VARIANT_NEVER_REACHED, MicrobenchSettings, SchedulerBench, warmup_calls_for  # noqa: E402
 
 
 def _bench(r: int, active: int, events_dir: str | None) -> SchedulerBench:
@@ -76,7 +76,7 @@ def main() -> None:
     actives = [int(v) for v in args.active.split(",")]
     if len(r_values) != len(actives) or any(a > r for r, a in zip(r_values, actives)):
         sys.exit("--r and --active need the same number of values, each active cap at most its R")
-    from ratebench.microbench import quiet_vllm_logs
+    from ratebench.profiling.microbench import quiet_vllm_logs
 
     quiet_vllm_logs()
     for r, active in zip(r_values, actives):

@@ -20,7 +20,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
-from ratebench.microbench import build_scheduler
+from ratebench.profiling.microbench import build_scheduler
 from ratebench.tinymodel import ensure_tiny_model
 
 NS_PER_S = 1_000_000_000

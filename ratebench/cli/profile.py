@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from ratebench import profiles, profiling
 from ratebench.cli._console import fail, stderr
-from ratebench.microbench import MicrobenchSettings
+from ratebench.profiling.microbench import MicrobenchSettings
 
 EXIT_USAGE = 2
 

@@ -24,7 +24,8 @@ Rounds interleave the variants (off, never-reached, all-throttled, half-throttle
 off, ...) with ``calls_per_round`` steps each, so slow drifts of the machine hit all
 four alike; every ratio is taken within a round against that round's ``off``.
 
-This module measures; :mod:`ratebench.profiling` summarises and presents.
+This module measures; :mod:`ratebench.profiling.statistics` summarises, :mod:`ratebench.profiling.tables`
+presents.
 """
 
 from __future__ import annotations
