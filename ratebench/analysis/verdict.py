@@ -76,6 +76,7 @@ class UserPhaseSummary:
     streams: int
     backlogged: bool
     requests: int
+    tier: str | None = None  # a mix's tier user: its tier's name (scenarios.json users[u].tier)
     dispatch_rate: RateFigures | None = None
     emit_rate: RateFigures | None = None
     client_rate: RateFigures | None = None
