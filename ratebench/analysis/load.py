@@ -42,6 +42,7 @@ class UserSpec:
     limit_tps: int | None
     streams: int
     backlogged: bool
+    tier: str | None = None  # a mix's tier user: its tier's name
 
 
 @dataclass
@@ -127,6 +128,7 @@ def _phase(i: int, entry: dict, path: Path) -> PhaseInfo:
                 limit_tps=None if u.get("limit_tps") is None else int(u["limit_tps"]),
                 streams=int(u.get("streams", 1)),
                 backlogged=bool(u.get("backlogged", False)),
+                tier=None if u.get("tier") is None else str(u["tier"]),
             )
             for name, u in entry["users"].items()
         }

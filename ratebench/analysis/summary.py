@@ -119,7 +119,7 @@ def _new_row(run: RunData, phase_index: int, user: str) -> UserPhaseSummary:
     return UserPhaseSummary(
         scenario=p.scenario, phase=p.phase, engine=p.engine, user=user, role=p.role, kind=p.kind,
         limit_tps=limit, streams=spec.streams if spec else 0, backlogged=bool(spec and spec.backlogged),
-        requests=0,
+        requests=0, tier=spec.tier if spec else None,
     )
 
 

@@ -1,5 +1,7 @@
 """The terminal: one table per scenario and engine (a row per phase and user), then each failure
-with the promise it broke and where to look, then the rest.
+with the promise it broke and where to look, then the rest. A phase of many users (a ``mix``, see
+``outputs/tiers.py``) is shown by tier: a line per tier with the worst user of each check, then
+only its failing users' rows.
 
 The names that identify a row (phase, user; scenario and engine in the table's title) are never
 cut: their columns keep their full width, and the figures, under short headers explained in a
@@ -16,6 +18,7 @@ from rich.table import Table
 from ratebench.analysis.verdict import UserPhaseSummary, Verdict
 from ratebench.outputs.format import FIGURE_COLUMNS, check_where, figure_cells
 from ratebench.outputs.promises import failures_by_promise
+from ratebench.outputs.tiers import TierLine, WorstUser, by_tier, tier_lines
 
 MAX_FAILURES_SHOWN = 20  # the rest are in report.md
 
@@ -27,15 +30,34 @@ def default_console() -> Console:
 
 
 def verdict_tables(verdict: Verdict) -> list[Table]:
-    """One table per scenario and engine, in run order."""
+    """One table per scenario and engine, in run order; its phases of many users by tier first
+    (one table of tiers), then the rows of the other phases and of those phases' failing users."""
     groups: dict[tuple[str, str], list[UserPhaseSummary]] = {}
     for row in verdict.rows:
         groups.setdefault((row.scenario, row.engine), []).append(row)
-    return [_table(scenario, engine, rows) for (scenario, engine), rows in groups.items()]
+    tables = []
+    for (scenario, engine), rows in groups.items():
+        phases: dict[str, list[UserPhaseSummary]] = {}
+        for row in rows:
+            phases.setdefault(row.phase, []).append(row)
+        tiered = {phase for phase, members in phases.items() if by_tier(members)}
+        if tiered:
+            lines = [line for phase in phases if phase in tiered for line in tier_lines(verdict, phases[phase])]
+            tables.append(_tier_table(scenario, engine, lines))
+        shown = [r for r in rows if r.phase not in tiered or not r.passed]
+        if shown:
+            failing_only = all(r.phase in tiered for r in shown)
+            tables.append(_table(scenario, engine, shown, "failing users" if failing_only else None))
+    return tables
 
 
-def _table(scenario: str, engine: str, rows: list[UserPhaseSummary]) -> Table:
-    table = Table(title=f"[bold]{escape(scenario)}[/] on [bold]{escape(engine)}[/]", title_justify="left",
+def _title(scenario: str, engine: str, what: str | None = None) -> str:
+    title = f"[bold]{escape(scenario)}[/] on [bold]{escape(engine)}[/]"
+    return f"{title}: {escape(what)}" if what else title
+
+
+def _table(scenario: str, engine: str, rows: list[UserPhaseSummary], what: str | None = None) -> Table:
+    table = Table(title=_title(scenario, engine, what), title_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
     for name, values in (("phase", [r.phase for r in rows]), ("user", [r.user for r in rows])):
         # never cut nor wrapped: the name identifies the row
@@ -46,6 +68,43 @@ def _table(scenario: str, engine: str, rows: list[UserPhaseSummary]) -> Table:
     for row in rows:
         table.add_row(escape(row.phase), escape(row.user), *figure_cells(row),
                       "[green]pass[/]" if row.passed else "[bold red]FAIL[/]")
+    return table
+
+
+def _figure(x: float | int) -> str:
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}"
+
+
+def _worst_cell(w: WorstUser | None) -> str:
+    """The worst user's figure over its name; red with the count of users that failed the check."""
+    if w is None:
+        return "-"
+    cell = f"{_figure(w.figure)}\n{escape(w.user)}"
+    return f"[bold red]{cell}\n{w.failed}/{w.checked} FAIL[/]" if w.failed else cell
+
+
+def _tier_table(scenario: str, engine: str, lines: list[TierLine]) -> Table:
+    """A line per tier: its users, limit and tokens, the worst user of each check (figure over name)."""
+    users = sum(len(line.users) for line in lines)
+    table = Table(title=_title(scenario, engine, f"{users} users by tier, the worst user of each check "
+                               "(every user: report.md, verdict.json)"),
+                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for name, values in (("phase", [line.phase for line in lines]), ("tier", [line.tier for line in lines])):
+        table.add_column(name, no_wrap=True, min_width=max(len(name), *map(len, values)))
+    table.add_column("users", justify="right")
+    table.add_column("N", justify="right")
+    table.add_column("tokens", justify="right")
+    checks = list(dict.fromkeys(name for line in lines for name in line.worst))
+    for name in checks:
+        table.add_column(name, justify="right", overflow="fold")
+    table.add_column("result", no_wrap=True)
+    for line in lines:
+        limits = "/".join("off" if n is None else str(n) for n in line.limits_tps)
+        result = "[green]pass[/]" if line.passed else f"[bold red]FAIL[/] {len(line.failed_users)}/{len(line.users)}"
+        table.add_row(escape(line.phase), escape(line.tier), str(len(line.users)), limits,
+                      str(line.streamed_tokens), *(_worst_cell(line.worst.get(name)) for name in checks), result)
     return table
 
 

@@ -3,8 +3,11 @@
 A phase's plot: for each limited user, the slack over time on both sides of its promise (tokens
 under the bound, red; tokens above the even-spacing line less its allowance, blue; below 0 is
 broken) with the tightest window of each side shaded; then the inter-token gap CDFs of every user;
-then the per-stream tokens of the user with the most streams. The overhead rounds' plot: each
-role's throughput per round, and each pair's per-round ratio beside its median.
+then the per-stream tokens of the user with the most streams. A phase shown by tier (a ``mix``,
+``outputs/tiers.py``) has instead one chart per tier with the slack of every limited user of the
+tier (the worst and the failing ones drawn bold and named), then the gaps of its tightest users.
+The overhead rounds' plot: each role's throughput per round, and each pair's per-round ratio
+beside its median.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ratebench.analysis.series import UserSeries, phase_series  # noqa: E402
 from ratebench.analysis.slack import SlackSeries, UserSlack, engine_phase_steps, user_slack  # noqa: E402
 from ratebench.analysis.verdict import OverheadSummary, UserPhaseSummary, Verdict  # noqa: E402
 from ratebench.outputs.format import group_plot_file, in_rounds, plot_file  # noqa: E402
+from ratebench.outputs.tiers import by_tier, tier_of  # noqa: E402
 
 MAX_POINTS = 1500  # points per line; longer series are thinned evenly (slack: each bin's lowest and highest)
 PANEL_W_IN, PANEL_H_IN, DPI = 6.4, 3.9, 80
@@ -79,8 +83,9 @@ def _phases_to_plot(verdict: Verdict, run: RunData) -> dict[int, list[UserPhaseS
 
 
 def write_plots(run: RunData, verdict: Verdict, out_dir: str | Path, max_users: int = 8) -> list[Path]:
-    """Write one plot per phase (at most ``max_users`` limited users, failing and tightest first) and
-    one per overhead scenario; PNGs of earlier layouts left in ``out_dir`` are removed."""
+    """Write one plot per phase (at most ``max_users`` limited users, failing and tightest first; every
+    limited user, by tier, in a phase shown by tier) and one per overhead scenario; PNGs of earlier
+    layouts left in ``out_dir`` are removed."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     run_dir = out_dir.parent
@@ -89,7 +94,8 @@ def write_plots(run: RunData, verdict: Verdict, out_dir: str | Path, max_users: 
     for p_index, rows in _phases_to_plot(verdict, run).items():
         p = run.phases[p_index]
         rows = _worst_first(rows)
-        limited = [r for r in rows if r.limit_tps][:max_users]
+        tiered = by_tier(rows)
+        limited = [r for r in rows if r.limit_tps][: None if tiered else max_users]
         others = [r for r in rows if not r.limit_tps][:max_users]
         series = phase_series(run, p_index, [r.user for r in limited + others])
         if not any(len(s.dispatch_t_ns) or len(s.emit_t_ns) or len(s.client_t_ns) for s in series.values()):
@@ -99,7 +105,10 @@ def write_plots(run: RunData, verdict: Verdict, out_dir: str | Path, max_users: 
         slack = {r.user: user_slack(r, series[r.user], steps[p.engine].get(p_index),
                                     verdict.thresholds.spacing_slack_ns) for r in limited}
         path = run_dir / plot_file(p.scenario, p.phase, p.engine)
-        written.append(_phase_figure(path, p.label, limited, others, series, slack))
+        if tiered:
+            written.append(_tier_figure(path, p.label, limited, (limited + others)[:max_users], series, slack))
+        else:
+            written.append(_phase_figure(path, p.label, limited, others, series, slack))
     for o in verdict.overheads:
         if o.round_throughput_tps:
             written.append(_rounds_figure(run_dir / group_plot_file(o.scenario), o))
@@ -134,6 +143,60 @@ def _phase_figure(path: Path, label: str, limited: list[UserPhaseSummary], other
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
+
+
+def _tier_figure(path: Path, label: str, limited: list[UserPhaseSummary], tightest: list[UserPhaseSummary],
+                 series: dict[str, UserSeries], slack: dict[str, UserSlack]) -> Path:
+    """One chart per tier with the slack of each of its limited users, then the gaps of the tightest."""
+    tiers: dict[str, list[UserPhaseSummary]] = {}
+    for r in limited:  # worst first: each tier's first row is its worst
+        tiers.setdefault(tier_of(r), []).append(r)
+    t0 = min(int(x[0]) for s in series.values() for x in (s.dispatch_t_ns, s.emit_t_ns, s.client_t_ns) if len(x))
+    n = len(tiers) + 1
+    cols = min(n, 2)
+    nrows = -(-n // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(PANEL_W_IN * cols, PANEL_H_IN * nrows), squeeze=False)
+    flat = list(axes.flat)
+    for ax, (tier, members) in zip(flat, tiers.items()):
+        _tier_panel(ax, tier, members, slack, t0)
+    _gap_panel(flat[len(tiers)], tightest, series)
+    for ax in flat[n:]:
+        ax.axis("off")
+    fig.suptitle(label, fontsize=10, fontweight="bold")
+    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.55 / (PANEL_H_IN * nrows),
+                        bottom=1.1 / (PANEL_H_IN * nrows), wspace=0.2, hspace=0.8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _tier_panel(ax, tier: str, members: list[UserPhaseSummary], slack: dict[str, UserSlack], t0: int) -> None:
+    """Every member's slack on both sides (dispatch events, else emit), thin; the worst member and the
+    failing ones bold, with their names."""
+    named = {r.user for r in members[:4] if r is members[0] or not r.passed}  # failing first: the first few
+    for r in members:
+        s = slack[r.user]
+        bold = r.user in named
+        for side, color, what in ((s.upper_dispatch or s.upper_emit, UPPER, "under the bound"),
+                                  (s.lower_dispatch or s.lower_emit, LOWER, "above even spacing")):
+            if side is None or not len(side.t_ns):
+                continue
+            x, y = _envelope((side.t_ns - t0) / 1e9, side.tokens)
+            ax.plot(x, y, color=color, lw=1.2 if bold else 0.5, alpha=1.0 if bold else 0.35,
+                    linestyle="-" if r.passed else ":",
+                    label=f"{r.user} {what}{'' if r.passed else ' (FAIL)'}" if bold else None)
+    ax.axhline(0, color="black", lw=0.8)
+    limits = sorted({r.limit_tps for r in members})
+    failed = sum(not r.passed for r in members)
+    ax.set_title(f"tier {tier}: {len(members)} user{'s' if len(members) != 1 else ''} at {'/'.join(map(str, limits))} tok/s"
+                 f"{f', {failed} FAIL' if failed else ''}", fontsize=9, color=UPPER if failed else "black")
+    ax.set_xlabel("s since the phase's first token", fontsize=8)
+    ax.set_ylabel("tokens to spare (< 0: broken)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=6.5, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
 
 
 def _line(ax, s: SlackSeries | None, t0: int, color: str, style: str, label: str) -> None:

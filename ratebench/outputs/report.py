@@ -124,7 +124,10 @@ PLOTS_INTRO = (
     "the step tolerance). **Blue**: tokens above even spacing (`N * W` less the allowance) in the emptiest "
     "window ending there, only where the budget, not the engine, limited the user. Shaded: the bound's "
     "tightest window (red) and even spacing's emptiest (blue), as the verdict reports them. Then the "
-    "inter-token gap CDFs and the per-stream tokens of the user with the most streams."
+    "inter-token gap CDFs and the per-stream tokens of the user with the most streams. A `mix` phase's "
+    "plot (or a phase of more than a dozen users) has one panel per tier instead: every limited user of "
+    "the tier on one chart, thin, with the worst user and the first failing ones bold and named (dotted "
+    "when failing; dispatch events, emit where there are none); then the gaps of the tightest users."
 )
 
 

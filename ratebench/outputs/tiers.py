@@ -1,0 +1,105 @@
+"""Many users in one phase, read by tier: for a ``mix`` phase (or any phase of more users than a
+table stays readable with), each tier's users in one line with the worst user of each check.
+
+A user's tier is the one its mix recorded (``scenarios.json`` ``users[u].tier``); a user without
+one (a trace's users, a mix's anonymous requests) is grouped with the users at its limit. The
+terminal shows these lines, then the failing users' own rows; every user's row stays in
+verdict.json and report.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ratebench.analysis.verdict import Check, UserPhaseSummary, Verdict
+from ratebench.profiles import ANONYMOUS_USER
+
+MAX_USER_ROWS = 12  # a phase of more users than this is shown by tier in the terminal
+BY_TIER_KINDS = ("mix",)  # kinds whose phases are always shown by tier
+
+
+@dataclass
+class WorstUser:
+    """The user of a tier furthest from (or past) a check's threshold."""
+
+    check: str
+    user: str
+    figure: float | int
+    threshold: float | int | None
+    op: str
+    unit: str
+    failed: int  # users of the tier that failed this check
+    checked: int  # users of the tier this check judged
+
+
+@dataclass
+class TierLine:
+    """One tier of one phase: its users, their totals, the worst user of each check."""
+
+    scenario: str
+    phase: str
+    engine: str
+    tier: str
+    users: list[str]
+    limits_tps: list[int | None]  # the distinct limits of its users
+    requests: int
+    streamed_tokens: int
+    failed_users: list[str]
+    worst: dict[str, WorstUser] = field(default_factory=dict)  # check name -> worst user, in check order
+
+    @property
+    def passed(self) -> bool:
+        return not self.failed_users
+
+
+def tier_of(row: UserPhaseSummary) -> str:
+    """The tier a row is read under: its mix tier, else its limit (``at N tok/s``, ``limiter off``)."""
+    if row.tier is not None:
+        return row.tier
+    if row.user == ANONYMOUS_USER:
+        return ANONYMOUS_USER
+    return f"at {row.limit_tps} tok/s" if row.limit_tps else "limiter off"
+
+
+def by_tier(rows: list[UserPhaseSummary]) -> bool:
+    """Whether one phase's rows are shown by tier in the terminal."""
+    return any(r.kind in BY_TIER_KINDS for r in rows) or len({r.user for r in rows}) > MAX_USER_ROWS
+
+
+def _margin(c: Check) -> float:
+    """How far a figure is on the good side of its threshold (negative: past it)."""
+    return c.figure - c.threshold if c.op == ">=" else c.threshold - c.figure
+
+
+def tier_lines(verdict: Verdict, rows: list[UserPhaseSummary]) -> list[TierLine]:
+    """The tiers of one phase's rows, in the order their first users come (anonymous requests and users
+    without a limit last)."""
+    if not rows:
+        return []
+    key = (rows[0].scenario, rows[0].phase, rows[0].engine)
+    tiers: dict[str, list[UserPhaseSummary]] = {}
+    for r in rows:
+        tiers.setdefault(tier_of(r), []).append(r)
+    checks: dict[str, list[Check]] = {}
+    for c in verdict.checks:
+        if (c.scenario, c.phase, c.engine) == key and c.user is not None and c.op in (">=", "<=") \
+                and c.figure is not None and c.threshold is not None:
+            checks.setdefault(c.user, []).append(c)
+    out = []
+    last = [t for t in (ANONYMOUS_USER, "limiter off") if t in tiers]  # after the tiers of limited users
+    for tier, members in [*((t, m) for t, m in tiers.items() if t not in last), *((t, tiers[t]) for t in last)]:
+        line = TierLine(*key, tier=tier, users=[r.user for r in members],
+                        limits_tps=sorted({r.limit_tps for r in members}, key=lambda x: (x is None, x or 0)),
+                        requests=sum(r.requests for r in members),
+                        streamed_tokens=sum(r.streamed_tokens for r in members),
+                        failed_users=[r.user for r in members if not r.passed])
+        judged: dict[str, list[Check]] = {}
+        for r in members:
+            for c in checks.get(r.user, []):
+                judged.setdefault(c.name, []).append(c)
+        for name, cs in judged.items():
+            worst = min(cs, key=lambda c: (c.passed is not False, _margin(c)))
+            line.worst[name] = WorstUser(name, worst.user, worst.figure, worst.threshold, worst.op, worst.unit,
+                                         failed=sum(c.passed is False for c in cs), checked=len(cs))
+        out.append(line)
+    return out
