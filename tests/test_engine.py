@@ -88,20 +88,20 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
     for cap in (1, 2, 4, 5):
         profile = load_profile("cpu-tiny")
         profile.max_engines = cap
-        run = Run(profile, RunOptions(results_dir=tmp_path / str(cap)), Console(stderr=True))
+        engines = Run(profile, RunOptions(results_dir=tmp_path / str(cap)), Console(stderr=True)).engine_set
         starts: list[list[str]] = []
 
-        def fake_ensure(names, run=run, starts=starts):
+        def fake_ensure(names, engines=engines, starts=starts):
             starts.append(list(names))
             for n in names:
-                run.engines[n] = object()
+                engines.running[n] = object()
 
-        monkeypatch.setattr(run, "ensure_engines", fake_ensure)
-        monkeypatch.setattr(run, "stop", lambda name, run=run, **kw: run.engines.pop(name, None))
+        monkeypatch.setattr(engines, "ensure_engines", fake_ensure)
+        monkeypatch.setattr(engines, "stop", lambda name, engines=engines, **kw: engines.running.pop(name, None))
         for k, plan in enumerate(plans):
-            run.arrange_engines([p.engine for p in plans[k:]])
-            assert plan.engine in run.engines
-            assert len(run.engines) <= cap
+            engines.arrange_engines([p.engine for p in plans[k:]])
+            assert plan.engine in engines.running
+            assert len(engines.running) <= cap
         started = [n for batch in starts for n in batch]
         if cap >= 4:
             # each engine started once: all up front with room for all; else the last one

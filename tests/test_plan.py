@@ -76,9 +76,10 @@ def test_dry_run_of_an_invalid_profile_exits_2(nothing_launches: Path) -> None:
 def test_the_planned_argv_and_environment_are_what_the_runner_launches(tmp_path: Path, monkeypatch) -> None:
     profile = load_profile("cpu-tiny")
     planned = plan.plan_run(profile, model="/models/m")
-    run = Run(profile, RunOptions(results_dir=tmp_path / "results", model="/models/m"), Console(stderr=True))
-    run.model_path = "/models/m"
-    monkeypatch.setattr(run, "pristine_files", lambda: {})
+    engines = Run(profile, RunOptions(results_dir=tmp_path / "results", model="/models/m"),
+                  Console(stderr=True)).engine_set
+    engines.model_path = "/models/m"
+    monkeypatch.setattr(engines, "pristine_files", lambda: {})
     launched: dict[str, tuple[list[str], dict[str, str]]] = {}
 
     def fake_popen(argv, *, env, **kwargs):
@@ -91,7 +92,7 @@ def test_the_planned_argv_and_environment_are_what_the_runner_launches(tmp_path:
     monkeypatch.setattr(engine.tempfile, "mkdtemp", lambda prefix: str(tmp_path / prefix))
     for p in planned.engines:
         run_engine_name = p.spec.name
-        spec = run.engine_spec(p.spec.name)
+        spec = engines.engine_spec(p.spec.name)
         engine.launch_engine(spec, tmp_path / "engines" / p.spec.name)
         argv, env = launched[p.spec.name]
         port = argv[argv.index("--port") + 1]
@@ -110,22 +111,22 @@ def test_planned_engine_starts_are_the_runner_s(cap: int, tmp_path: Path, monkey
     profile = load_profile("cpu-tiny")
     profile.max_engines = cap
     phases = [p for spec in profile.scenarios for p in plan_scenario(spec)]
-    run = Run(profile, RunOptions(results_dir=tmp_path), Console(stderr=True))
+    engines = Run(profile, RunOptions(results_dir=tmp_path), Console(stderr=True)).engine_set
     waves: list[list[str]] = []
 
     def fake_ensure(names):
         if names:
             waves.append(list(names))
         for n in names:
-            run.engines[n] = object()
+            engines.running[n] = object()
 
-    monkeypatch.setattr(run, "ensure_engines", fake_ensure)
-    monkeypatch.setattr(run, "stop", lambda name, **kw: run.engines.pop(name, None))
+    monkeypatch.setattr(engines, "ensure_engines", fake_ensure)
+    monkeypatch.setattr(engines, "stop", lambda name, **kw: engines.running.pop(name, None))
     for k in range(len(phases)):  # what Run.execute does around each phase
-        run.arrange_engines([p.engine for p in phases[k:]])
+        engines.arrange_engines([p.engine for p in phases[k:]])
         later = {p.engine for p in phases[k + 1:]}
-        for name in [n for n in run.engines if n not in later]:
-            run.stop(name)
+        for name in [n for n in engines.running if n not in later]:
+            engines.stop(name)
     assert plan.engine_starts([p.engine for p in phases], cap) == waves
 
 

@@ -27,7 +27,7 @@ def write_results(out_dir: Path, *, command: list[str], microbench: MicrobenchRe
                   engine: EngineReport | None, breakdowns: list[Breakdown],
                   line_breakdowns: list[LineBreakdown] = ()) -> Path:
     """profile-scheduler.json, atomically: every figure with the settings that produced it."""
-    from ratebench.runner import git_commit, machine_info
+    from ratebench.manifest import git_commit, machine_info
 
     doc = {
         "ratebench_version": __version__,

@@ -1,0 +1,236 @@
+"""The engines of one run: launched, made ready, arranged around the phases, stopped.
+
+Before a phase, its engine runs, with as many of the engines of the following
+phases as ``profile.max_engines`` allows (started together on a CPU; one after
+another on a GPU, where vLLM sizes its KV cache from the memory free while it
+starts); an engine stops as soon as no later phase needs it. Each engine's entry in
+the manifest (flags, times, warm-up, what it says it ran with) is kept here.
+With ``--endpoint`` the one external server stands in for the feature-on engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+
+from ratebench.engine import (
+    EngineSpec,
+    RunningEngine,
+    WarmUpPlan,
+    groups_cpu_s,
+    launch_engine,
+    machine_busy_cpu_s,
+    records_events,
+    uses_cpu_async_overlay,
+    wait_ready,
+    warm_up,
+)
+from ratebench.events import EventFileError, read_engine_events
+from ratebench.manifest import Manifest
+from ratebench.plan import engine_spec, engines_wanted
+from ratebench.profiles import Profile
+from ratebench.scenarios import ROLE_FEATURE_ON, EngineRef, engine_name
+
+EXTERNAL_ENGINE = "external"
+EVENTS_SETTLE_S = 0.5
+
+
+class AttachError(RuntimeError):
+    """The --endpoint server cannot stand in for the feature-on engine: the message says why."""
+
+
+class EngineSet:
+    """The running engines of a run (:attr:`running`) and the references phases use (:attr:`refs`)."""
+
+    def __init__(self, profile: Profile, run_dir: Path, manifest: Manifest, console: Console, *,
+                 use_patch: bool = True) -> None:
+        self.profile = profile
+        self.run_dir = run_dir
+        self.manifest = manifest
+        self.console = console
+        self.use_patch = use_patch
+        self.model_path: str | None = None
+        self.running: dict[str, RunningEngine] = {}
+        self.refs: dict[str, EngineRef] = {}
+        self._pristine_files: dict[str, bytes | None] | None = None
+
+    # ---- specs ------------------------------------------------------------------------
+
+    def pristine_files(self) -> dict[str, bytes | None]:
+        """The pristine content of the files the patch touches (read once, for stock engines)."""
+        if self._pristine_files is None:
+            from ratebench import patching
+
+            self._pristine_files = patching.read_pristine_files()
+        return self._pristine_files
+
+    def engine_spec(self, name: str) -> EngineSpec:
+        return engine_spec(self.profile, name, self.model_path or "", use_patch=self.use_patch,
+                           pristine_files=self.pristine_files)
+
+    def warm_up_plan(self) -> WarmUpPlan:
+        """The warm-up wave: the profile's max_num_seqs short streams at once, and one prompt of
+        2.5 x max_num_batched_tokens (chunked prefill), within max_model_len."""
+        e, m = self.profile.engine, self.profile.model
+        plan = WarmUpPlan(streams=e.max_num_seqs, long_prompt_tokens=None)
+        if e.enable_chunked_prefill is not False:
+            chunk = e.max_num_batched_tokens or 2048
+            room = (m.max_model_len or 4096) - plan.max_tokens - 1
+            plan.long_prompt_tokens = max(1, min(chunk * 5 // 2, room))
+        return plan
+
+    # ---- start ------------------------------------------------------------------------
+
+    def _launch(self, name: str) -> RunningEngine:
+        spec = self.engine_spec(name)
+        self.manifest.data["engines"][name] = {
+            "kind": spec.kind, "feature": spec.feature, "async_scheduling": spec.async_scheduling,
+            "default_tps": spec.default_tps, "user_tps": spec.user_tps if spec.feature else None,
+            "flags": spec.all_flags(), "events_file": None, "log_file": f"engines/{name}/engine.log",
+            "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
+            "stopped_monotonic_ns": None, "killed_pids": [],
+            "stock_overlay": spec.pristine_files is not None, "cpu_async_overlay": uses_cpu_async_overlay(spec),
+            "record_events": records_events(spec), "warm_up": None,
+        }
+        self.manifest.write()
+        self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
+                           f"{'limiter on' if spec.feature else 'limiter off'}, "
+                           f"{'' if spec.record_events or spec.kind != 'patched' else 'no engine events, '}"
+                           f"{'async' if spec.async_scheduling else 'sync'} scheduling)")
+        engine = launch_engine(spec, self.run_dir / "engines" / name)
+        self.running[name] = engine
+        self.manifest.data["engines"][name].update(endpoint=engine.endpoint, pid=engine.process.pid)
+        return engine
+
+    def _ready(self, engines: list[RunningEngine], t0: float) -> None:
+        wait_ready(engines, self.profile.startup_timeout_s, self.console)
+        plan = self.warm_up_plan()
+        for engine in engines:
+            result = warm_up(engine, plan)
+            name = engine.spec.name
+            entry = self.manifest.data["engines"][name]
+            entry["warm_up"] = asdict(result)
+            entry["ready_monotonic_ns"] = time.monotonic_ns()
+            if engine.events_path is not None:
+                entry["events_file"] = f"engines/{name}/events.rbev"
+            self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=engine.spec.served_name,
+                                        feature=engine.spec.feature, kind=engine.spec.kind, pgid=engine.pgid)
+            self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} "
+                               f"({time.monotonic() - t0:.0f} s; warm-up {result.requests} requests, "
+                               f"{result.seconds:.1f} s{', timed out' if result.timed_out else ''})")
+        self.manifest.write()
+
+    def ensure_engines(self, names: list[str]) -> None:
+        """Start the engines not running yet and wait until they serve: all at once, or one after
+        another on a GPU (vLLM sizes its KV cache from the GPU memory free while it starts; an engine
+        starting beside it skews that)."""
+        missing = [n for n in dict.fromkeys(names) if n not in self.running]
+        if not missing:
+            return
+        for wave in ([n] for n in missing) if self.profile.device == "cuda" else [missing]:
+            t0 = time.monotonic()
+            self._ready([self._launch(n) for n in wave], t0)
+
+    def arrange_engines(self, upcoming: list[str]) -> None:
+        """Have the next phase's engine running, and as many of the following ones as
+        profile.max_engines allows (started together); stop the others."""
+        wanted = engines_wanted(upcoming, self.profile.max_engines)
+        for name in list(self.running):
+            if name not in wanted:
+                self.stop(name)
+        self.ensure_engines([n for n in wanted if n not in self.running])
+
+    # ---- stop -------------------------------------------------------------------------
+
+    def stop(self, name: str, *, settle: bool = True) -> None:
+        engine = self.running.pop(name, None)
+        self.refs.pop(name, None)
+        if engine is None:
+            return
+        if settle:
+            # The engine flushes its events at least every 100 ms: let the last ones land.
+            time.sleep(EVENTS_SETTLE_S)
+        killed = engine.stop(self.profile.shutdown_grace_s)
+        entry = self.manifest.data["engines"].get(name, {})
+        entry["stopped_monotonic_ns"] = time.monotonic_ns()
+        entry["killed_pids"] = killed
+        entry["exit_code"] = engine.process.returncode
+        self._record_effective_settings(name, engine, entry)
+        self.manifest.write()
+
+    def _record_effective_settings(self, name: str, engine: RunningEngine, entry: dict[str, Any]) -> None:
+        """What the engine says it ran with (its event file header), beside what was asked."""
+        if uses_cpu_async_overlay(engine.spec):  # what the CPU async overlay saw inside the engine
+            from ratebench.cpu_async import read_stats, stats_problems
+
+            entry["cpu_async"] = read_stats(engine.folder / "cpu-async" / "stats")
+            for problem in stats_problems(entry["cpu_async"]):
+                msg = f"engine {name}: CPU async overlay: {problem}"
+                entry.setdefault("warnings", []).append(msg)
+                self.manifest.warn(msg)
+                self.console.print(f"[yellow]warning:[/] {msg}")
+        if engine.events_path is None or not engine.events_path.is_file():
+            return
+        try:
+            meta = read_engine_events(engine.events_path).meta
+        except EventFileError as exc:
+            entry["events_error"] = str(exc)
+            return
+        entry["engine_meta"] = meta
+        effective = meta.get("async_scheduling")
+        if effective is not None and bool(effective) != engine.spec.async_scheduling:
+            # vLLM's CPU platform turns --async-scheduling off without a word.
+            msg = (f"engine {name}: asked for {'async' if engine.spec.async_scheduling else 'sync'} scheduling, "
+                   f"the engine ran {'async' if effective else 'sync'} scheduling")
+            entry["warning"] = msg
+            self.manifest.warn(msg)
+            self.console.print(f"[yellow]warning:[/] {msg}")
+
+    def stop_all(self, *, settle: bool = True) -> None:
+        for name in list(self.running):
+            try:
+                self.stop(name, settle=settle)
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                self.console.print(f"[red]engine {name}: stop failed: {exc}[/]")
+
+    # ---- an engine someone else runs ------------------------------------------------------
+
+    def attach(self, endpoint: str, events_file: Path | None) -> None:
+        """--endpoint: the one external server stands in for the feature-on engine."""
+        endpoint = endpoint.rstrip("/")
+        try:
+            r = httpx.get(f"{endpoint}/v1/models", timeout=10.0)
+            r.raise_for_status()
+            models = [m["id"] for m in r.json().get("data", [])]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise AttachError(f"--endpoint {endpoint}: /v1/models did not answer ({exc}); is the server up?") from exc
+        served = self.profile.model.served_name
+        model = served if served in models else (models[0] if models else None)
+        if model is None:
+            raise AttachError(f"--endpoint {endpoint}: the server lists no model")
+        lim = self.profile.limits
+        self.manifest.data["engines"][EXTERNAL_ENGINE] = {
+            "kind": "external", "feature": True, "async_scheduling": None, "default_tps": lim.default_tps,
+            "user_tps": dict(lim.user_tps), "flags": None,
+            "events_file": f"engines/{EXTERNAL_ENGINE}/events.rbev" if events_file else None,
+            "log_file": None, "endpoint": endpoint, "served_model": model,
+        }
+        self.manifest.write()
+        ref = EngineRef(name=EXTERNAL_ENGINE, endpoint=endpoint, model=model, feature=True, kind="external")
+        for mode in self.profile.scheduling:
+            self.refs[engine_name(ROLE_FEATURE_ON, mode)] = ref
+
+    # ---- while a phase runs -----------------------------------------------------------
+
+    def cpu_probe(self) -> tuple[float, float]:
+        """(CPU-seconds the machine has been busy, CPU-seconds this run's processes have used): the
+        driver and every engine it runs. Their difference over a phase is what other processes took."""
+        own = os.times()
+        engines = groups_cpu_s({e.pgid for e in self.running.values()}) if self.running else 0.0
+        return machine_busy_cpu_s(), own.user + own.system + engines

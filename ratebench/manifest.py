@@ -1,0 +1,129 @@
+"""The run folder's record of a run: ``manifest.json`` and ``scenarios.json`` (``docs/run-folder.md``).
+
+:class:`Manifest` holds the manifest as the run goes (started, engines and their
+states, phases, finished) and rewrites it atomically after each change, so that an
+interrupted run leaves a readable folder. The engines' entries are written by
+:mod:`ratebench.engineset`; the phases come from the scenarios as they end.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ratebench import __version__
+from ratebench._io import atomic_write_json
+from ratebench.events import ClientRecord, write_client_records
+from ratebench.profiles import Profile
+from ratebench.scenarios import PhaseRecord
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = None
+    if shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10)
+            gpu = [line.strip() for line in out.stdout.splitlines() if line.strip()] or None
+        except (OSError, subprocess.SubprocessError):
+            gpu = None
+    return {"hostname": socket.gethostname(), "cpu": cpu, "cpus": os.cpu_count(), "gpu": gpu,
+            "platform": platform.platform()}
+
+
+def git_commit() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+class Manifest:
+    """``manifest.json`` (:attr:`data`) and the phases of ``scenarios.json`` of one run folder."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.data: dict[str, Any] = {}
+        self.phases: list[PhaseRecord] = []
+
+    def write(self) -> None:
+        atomic_write_json(self.run_dir / "manifest.json", self.data)
+
+    def start(self, profile: Profile, run_id: str, *, endpoint: str | None, use_patch: bool) -> None:
+        """The manifest of a run that has just started (state ``running``), written."""
+        from ratebench import patching
+
+        try:
+            vllm_version = patching.installed_vllm_version()
+        except Exception:  # noqa: BLE001 - reported as unknown, the run decides later
+            vllm_version = None
+        try:
+            patch_hash = patching.patch_sha256() if use_patch else None
+        except Exception:  # noqa: BLE001
+            patch_hash = None
+        self.data = {
+            "ratebench_version": __version__,
+            "run_id": run_id,
+            "profile_name": profile.name,
+            "profile": profile.to_json(),
+            "state": "running",
+            "partial_reason": None,
+            "started_unix_s": time.time(),
+            "ended_unix_s": None,
+            "started_monotonic_ns": time.monotonic_ns(),
+            "ended_monotonic_ns": None,
+            "git_commit": git_commit(),
+            "python": platform.python_version(),
+            "vllm_version": vllm_version,
+            "patch_sha256": patch_hash,
+            "machine": machine_info(),
+            "endpoint": endpoint,
+            "model_path": None,
+            "engines": {},
+            "skipped_scenarios": [],
+            "command": sys.argv,
+        }
+        self.write()
+
+    def warn(self, message: str) -> None:
+        """A warning of the whole run (the manifest's ``warnings``); written with the next write."""
+        self.data.setdefault("warnings", []).append(message)
+
+    def add_phase(self, record: PhaseRecord, client_records: list[ClientRecord]) -> None:
+        """A phase that ended: scenarios.json and requests.jsonl rewritten with it."""
+        self.phases.append(record)
+        self._write_phases()
+        write_client_records(self.run_dir / "requests.jsonl", client_records)
+
+    def finish(self, state: str, reason: str | None, client_records: list[ClientRecord]) -> None:
+        """The run's last word: requests.jsonl, scenarios.json, and the manifest's state and end."""
+        write_client_records(self.run_dir / "requests.jsonl", client_records)
+        self._write_phases()
+        self.data.update(state=state, partial_reason=reason, ended_unix_s=time.time(),
+                         ended_monotonic_ns=time.monotonic_ns())
+        self.write()
+
+    def _write_phases(self) -> None:
+        atomic_write_json(self.run_dir / "scenarios.json", [asdict(p) for p in self.phases])
