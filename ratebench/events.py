@@ -1,4 +1,5 @@
-"""Engine event files (written by the patched vLLM) and client request records.
+"""The run folder's data files: engine event files (written by the patched vLLM), client
+request records (requests.jsonl) and scenario phases (scenarios.json, :class:`PhaseRecord`).
 
 Engine event file format ("RBEV", version 1), written by
 ``vllm/v1/core/sched/output_rate_events.py`` in the patched engine when the
@@ -35,8 +36,9 @@ import json
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -281,3 +283,88 @@ def read_client_records(path: str | Path) -> list[ClientRecord]:
                 continue
             raise EventFileError(f"{path}:{lineno}: not a client record ({exc})") from exc
     return out
+
+
+# ---- scenario phases (scenarios.json) ------------------------------------------------------
+
+
+class PhaseUser(dict):
+    """One user of a phase as ``scenarios.json`` holds it: a JSON object with ``limit_tps``,
+    ``streams``, ``backlogged``, ``tier`` and whatever else the scenario recorded (kept as
+    written); the properties read it with the defaults of older run folders."""
+
+    @classmethod
+    def read(cls, entry: dict[str, Any]) -> PhaseUser:
+        """``entry`` as written, its typed keys checked (TypeError, ValueError, AttributeError)."""
+        user = cls(entry.items())
+        user.limit_tps, user.streams, user.backlogged, user.tier  # noqa: B018 - each must convert
+        return user
+
+    @property
+    def limit_tps(self) -> int | None:
+        return None if self.get("limit_tps") is None else int(self["limit_tps"])
+
+    @property
+    def streams(self) -> int:
+        return int(self.get("streams", 1))
+
+    @property
+    def backlogged(self) -> bool:
+        """Its streams always wait for tokens, so the delivery check applies."""
+        return bool(self.get("backlogged", False))
+
+    @property
+    def tier(self) -> str | None:
+        """A mix's tier user: its tier's name."""
+        return None if self.get("tier") is None else str(self["tier"])
+
+
+@dataclass
+class PhaseRecord:
+    """One entry of ``scenarios.json`` (``docs/run-folder.md``): a phase of a scenario on one
+    engine, which users took part and at which limits. The runner writes one as each phase
+    ends (:meth:`to_json`); the analysis reads them back (:meth:`from_json`)."""
+
+    scenario: str
+    kind: str
+    phase: str
+    engine: str
+    start_ns: int
+    end_ns: int
+    # user -> its entry; a scenario fills in plain dicts, the reader gives PhaseUser
+    users: dict[str, PhaseUser]
+    role: str = "measure"
+    params: dict[str, Any] = field(default_factory=dict)
+    # CPUs in use on average over the phase (CPU-seconds per second): "busy" all processes, "run" this
+    # run's (driver and engines), "other" the rest; None when not measured (and in older runs)
+    machine_cpu: dict[str, float] | None = None
+    # CPU seconds the engine's EngineCore process used over the phase (None: not measured)
+    engine_core_cpu_s: float | None = None
+    index: int = -1  # its place in scenarios.json (set by the reader; not written)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.scenario, self.phase, self.engine)
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}/{self.phase}@{self.engine}"
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        del doc["index"]
+        return doc
+
+    @classmethod
+    def from_json(cls, index: int, entry: dict[str, Any]) -> PhaseRecord:
+        """Entry ``index`` of scenarios.json; KeyError, TypeError, ValueError or AttributeError
+        when it is not a phase."""
+        return cls(
+            index=index, scenario=str(entry["scenario"]), kind=str(entry.get("kind", "")),
+            phase=str(entry["phase"]), engine=str(entry["engine"]),
+            start_ns=int(entry.get("start_ns") or 0), end_ns=int(entry.get("end_ns") or 0),
+            users={str(name): PhaseUser.read(u) for name, u in entry["users"].items()},
+            role=str(entry.get("role", "measure")), params=dict(entry.get("params") or {}),
+            machine_cpu=dict(entry["machine_cpu"]) if entry.get("machine_cpu") else None,
+            engine_core_cpu_s=entry.get("engine_core_cpu_s"),
+        )

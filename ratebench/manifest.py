@@ -15,15 +15,13 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.events import ClientRecord, write_client_records
+from ratebench.events import ClientRecord, PhaseRecord, write_client_records
 from ratebench.profiles import Profile
-from ratebench.scenarios import PhaseRecord
 
 
 def machine_info() -> dict[str, Any]:
@@ -126,4 +124,4 @@ class Manifest:
         self.write()
 
     def _write_phases(self) -> None:
-        atomic_write_json(self.run_dir / "scenarios.json", [asdict(p) for p in self.phases])
+        atomic_write_json(self.run_dir / "scenarios.json", [p.to_json() for p in self.phases])

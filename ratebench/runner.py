@@ -27,11 +27,12 @@ from rich.console import Console
 
 from ratebench.engine import EngineError
 from ratebench.engineset import EXTERNAL_ENGINE, AttachError, EngineSet
+from ratebench.events import PhaseRecord
 from ratebench.manifest import Manifest
 from ratebench.models import SOURCE_TINY, model_choice
 from ratebench.plan import plan_phases, scenarios_for
 from ratebench.profiles import Profile
-from ratebench.scenarios import PhaseRecord, ScenarioContext
+from ratebench.scenarios import ScenarioContext
 from ratebench.workload import Driver, WorkloadError
 
 EXIT_OK = 0

@@ -16,7 +16,7 @@ import json
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -26,6 +26,7 @@ from ratebench.analysis import overhead as overhead_analysis
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.engine import engine_core_cpu_s
+from ratebench.events import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.mix import mix_requests, tier_of_users
 from ratebench.trace import TraceRequest, read_trace
@@ -56,26 +57,6 @@ class EngineRef:
     feature: bool
     kind: str  # "patched" | "stock"
     pgid: int | None = None  # the engine's process group (None: attached to a server of someone else's)
-
-
-@dataclass
-class PhaseRecord:
-    """One entry of scenarios.json."""
-
-    scenario: str
-    kind: str
-    phase: str
-    engine: str
-    start_ns: int
-    end_ns: int
-    users: dict[str, dict[str, Any]]
-    role: str = "measure"
-    params: dict[str, Any] = field(default_factory=dict)
-    # CPUs in use on average over the phase (CPU-seconds per second): "busy" all processes, "run" this
-    # run's (driver and engines), "other" the rest; None when not measured
-    machine_cpu: dict[str, float] | None = None
-    # CPU seconds the engine's EngineCore process used over the phase (None: not measured)
-    engine_core_cpu_s: float | None = None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from ratebench.events import (
     ClientRecord,
     EngineEvents,
     EventFileError,
+    PhaseRecord,
     client_id_of,
     read_client_records,
     read_engine_events,
@@ -37,38 +38,9 @@ class RunFolderError(Exception):
     """A run folder that cannot be verified: the message names the file and why."""
 
 
-@dataclass
-class UserSpec:
-    limit_tps: int | None
-    streams: int
-    backlogged: bool
-    tier: str | None = None  # a mix's tier user: its tier's name
-
-
-@dataclass
-class PhaseInfo:
-    """One entry of scenarios.json."""
-
-    index: int
-    scenario: str
-    kind: str
-    phase: str
-    engine: str
-    start_ns: int
-    end_ns: int
-    users: dict[str, UserSpec]
-    role: str
-    params: dict
-    machine_cpu: dict | None = None  # CPUs in use over the phase: busy, run, other (absent in older runs)
-    engine_core_cpu_s: float | None = None  # CPU seconds of the engine's EngineCore over the phase
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return (self.scenario, self.phase, self.engine)
-
-    @property
-    def label(self) -> str:
-        return f"{self.scenario}/{self.phase}@{self.engine}"
+# The reader's name for a scenarios.json entry before it became one type with the writer's
+# (ratebench.events.PhaseRecord); new code imports PhaseRecord.
+PhaseInfo = PhaseRecord
 
 
 @dataclass
@@ -104,7 +76,7 @@ class EngineTrace:
 class RunData:
     run_dir: Path
     manifest: dict
-    phases: list[PhaseInfo]
+    phases: list[PhaseRecord]
     records: list[ClientRecord]
     engines: dict[str, EngineInfo]
     traces: dict[str, EngineTrace]
@@ -121,25 +93,9 @@ def _read_json(path: Path, what: str):
         raise RunFolderError(f"{path}: not valid JSON ({exc})") from exc
 
 
-def _phase(i: int, entry: dict, path: Path) -> PhaseInfo:
+def _phase(i: int, entry: dict, path: Path) -> PhaseRecord:
     try:
-        users = {
-            name: UserSpec(
-                limit_tps=None if u.get("limit_tps") is None else int(u["limit_tps"]),
-                streams=int(u.get("streams", 1)),
-                backlogged=bool(u.get("backlogged", False)),
-                tier=None if u.get("tier") is None else str(u["tier"]),
-            )
-            for name, u in entry["users"].items()
-        }
-        return PhaseInfo(
-            index=i, scenario=str(entry["scenario"]), kind=str(entry.get("kind", "")),
-            phase=str(entry["phase"]), engine=str(entry["engine"]),
-            start_ns=int(entry.get("start_ns") or 0), end_ns=int(entry.get("end_ns") or 0),
-            users=users, role=str(entry.get("role", "measure")), params=dict(entry.get("params") or {}),
-            machine_cpu=dict(entry["machine_cpu"]) if entry.get("machine_cpu") else None,
-            engine_core_cpu_s=entry.get("engine_core_cpu_s"),
-        )
+        return PhaseRecord.from_json(i, entry)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RunFolderError(f"{path}: entry {i} is not a scenario phase ({type(exc).__name__}: {exc})") from exc
 

@@ -16,9 +16,9 @@ import statistics
 
 import numpy as np
 
-from ratebench.analysis.load import PhaseInfo, RunData
+from ratebench.analysis.load import RunData
 from ratebench.analysis.verdict import OverheadSummary, PairedRatio
-from ratebench.events import KIND_EMIT
+from ratebench.events import KIND_EMIT, PhaseRecord
 
 ROLE_ON, ROLE_NO_EVENTS, ROLE_OFF, ROLE_STOCK = "feature-on", "feature-on-no-events", "feature-off", "stock"
 OVERHEAD_ROLES = (ROLE_ON, ROLE_NO_EVENTS, ROLE_OFF, ROLE_STOCK)
@@ -109,7 +109,7 @@ def busy_machine_warnings(summaries: list[OverheadSummary]) -> list[str]:
     return out
 
 
-def _round_labels(phases: list[PhaseInfo]) -> list[str]:
+def _round_labels(phases: list[PhaseRecord]) -> list[str]:
     """Each phase's round: ``<scheduling>-<round>`` from its params, else its place among its
     role's phases (runs written before rounds were recorded)."""
     seen: dict[tuple[str, str], int] = {}
@@ -122,7 +122,7 @@ def _round_labels(phases: list[PhaseInfo]) -> list[str]:
     return out
 
 
-def _phase_sample(run: RunData, p: PhaseInfo, phase_of: dict) -> Sample | None:
+def _phase_sample(run: RunData, p: PhaseRecord, phase_of: dict) -> Sample | None:
     recs = [r for r in run.records if phase_of.get((r.scenario, r.phase, r.engine)) == p.index and r.chunk_ns]
     if not recs:
         return None
@@ -130,7 +130,7 @@ def _phase_sample(run: RunData, p: PhaseInfo, phase_of: dict) -> Sample | None:
     return sum(r.streamed_tokens for r in recs), max(r.chunk_ns[-1] for r in recs) - first_ns
 
 
-def _phase_step_p50_ns(run: RunData, p: PhaseInfo) -> float | None:
+def _phase_step_p50_ns(run: RunData, p: PhaseRecord) -> float | None:
     """The median time from one engine step's emit to the next while the phase ran (the engine
     stamps every emit of a step with one time); None without engine events."""
     trace = run.traces.get(p.engine)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratebench.analysis.load import EngineTrace, PhaseInfo, RunData
-from ratebench.events import ERROR_INTERRUPTED, KIND_FINISH, ClientRecord
+from ratebench.analysis.load import EngineTrace, RunData
+from ratebench.events import ERROR_INTERRUPTED, KIND_FINISH, ClientRecord, PhaseRecord
 
 
 @dataclass
@@ -53,7 +53,7 @@ def keep_completed_phases(run: RunData) -> tuple[RunData, list[MissingPhase]]:
         records_of.setdefault((r.scenario, r.phase, r.engine), []).append(i)
     finished = _records_with_finish_event(run)
     missing: list[MissingPhase] = []
-    kept: list[PhaseInfo] = []
+    kept: list[PhaseRecord] = []
     for p in run.phases:
         why = _why_incomplete(run, p, records_of.get(p.key, []), finished)
         if why is None:
@@ -83,7 +83,7 @@ def _reached_engine(r: ClientRecord) -> bool:
     return r.sent_ns is not None and r.http_status == 200 and r.error is None
 
 
-def _why_incomplete(run: RunData, p: PhaseInfo, idx: list[int], finished: set[int]) -> str | None:
+def _why_incomplete(run: RunData, p: PhaseRecord, idx: list[int], finished: set[int]) -> str | None:
     if p.end_ns <= p.start_ns:
         return "no end time in scenarios.json"
     if not idx:
@@ -123,7 +123,7 @@ def _never_started(manifest: dict, seen: set[tuple[str, str, str]]) -> list[Miss
             for s in scenarios if isinstance(s, dict) and s.get("name") not in started | skipped]
 
 
-def _restrict(run: RunData, kept: list[PhaseInfo]) -> RunData:
+def _restrict(run: RunData, kept: list[PhaseRecord]) -> RunData:
     """``run`` with only ``kept`` phases (renumbered) and their client records; engine events whose
     request belongs to no kept phase keep no client record (they still count in the whole-file bound)."""
     phases = [dataclasses.replace(p, index=i) for i, p in enumerate(kept)]
