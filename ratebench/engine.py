@@ -210,11 +210,12 @@ class RatebenchStockFinder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, RatebenchStockFinder())
 # Chain to a sitecustomize further down the path, if there is one.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _ROOT]
-del sys.modules["sitecustomize"]
+_SELF = sys.modules.pop("sitecustomize")
 try:
     import sitecustomize  # noqa: F401
 except ImportError:
-    pass
+    # none further down: the import system expects this module back under its name
+    sys.modules["sitecustomize"] = _SELF
 '''
 
 

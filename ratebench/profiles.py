@@ -297,6 +297,33 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "cancels": ("pos_int", 6),
         "busy_max_tokens": ("pos_int", 200),
     },
+    # Throttled requests never hold the KV another user needs, and none of their streams starves:
+    # throttled_user's long-context streams fill most of a small KV cache (engine flags:
+    # --num-gpu-blocks-override), then user's requests arrive one after another; user also runs
+    # alone first (baseline). Preemptions and KV use are read from the engine's /metrics.
+    "kv-pressure": {
+        "throttled_user": ("user", REQUIRED),
+        "throttled_streams": ("pos_int", 6),
+        "user": ("user", REQUIRED),
+        "requests": ("pos_int", 6),  # the user's requests, one every interval_s after lead_s
+        "interval_s": ("pos_num", 0.8),
+        "lead_s": ("pos_num", 2.0),
+        "user_prompt_tokens": ("pos_int", 512),
+        "max_tokens": ("pos_int", 60),  # the user's requests
+    },
+    # Users share the --max-num-active-seqs places: more streams than places, every user's limit
+    # above what the places deliver. "equal": users x streams at one limit; "high": the users with
+    # one stream each first, then one user at high_limit_tps (cap-high) with high_streams after lead_s. Users cap-00.. and cap-high
+    # take their limits as if declared in [limits.users].
+    "active-cap-fairness": {
+        "users": ("pos_int", 8),
+        "streams": ("pos_int", 2),  # per user
+        "limit_tps": ("pos_int", 1000),
+        "high_limit_tps": ("pos_int", 5000),
+        "high_streams": ("pos_int", 2),
+        "lead_s": ("pos_num", 0.5),
+        "max_tokens": ("pos_int", 200),
+    },
     # Limits never reached, against the feature off and against stock vLLM.
     "overhead": {
         "user": ("user", REQUIRED),
@@ -604,6 +631,12 @@ class _Validator:
                 raise ProfileError(self.path, f"{where}.user",
                                    f"a user whose limit is above {p['throttled_user']}'s "
                                    f"({limits.limit_of(p['throttled_user'])} tok/s)", p["user"])
+        if kind == "kv-pressure":
+            self._kv_pressure_rules(p, where, limits, engine, max_len)
+            return
+        if kind == "active-cap-fairness":
+            self._active_cap_rules(p, where, limits, engine, max_len)
+            return
         if kind == "long-prompt":
             batched = engine.max_num_batched_tokens
             if batched is None:
@@ -623,6 +656,57 @@ class _Validator:
             if need > max_len:
                 raise ProfileError(self.path, f"{where}.prompt_tokens",
                                    f"prompt plus max_tokens within model.max_model_len ({max_len})", need)
+
+    def _kv_pressure_rules(self, p: dict, where: str, limits: Limits, engine: EngineFlags,
+                           max_len: int | None) -> None:
+        """The throttled user is throttled below the user, and has more streams than active places; a
+        KV cache small enough to be under pressure is the profile's to set (the check on the phase says
+        whether it was: kv-pressure-applied)."""
+        if limits.limit_of(p["user"]) <= limits.limit_of(p["throttled_user"]):
+            raise ProfileError(self.path, f"{where}.user",
+                               f"a user whose limit is above {p['throttled_user']}'s "
+                               f"({limits.limit_of(p['throttled_user'])} tok/s)", p["user"])
+        if p["throttled_streams"] < 2:
+            raise ProfileError(self.path, f"{where}.throttled_streams",
+                               "at least 2 (whether the user's streams take turns is checked)", p["throttled_streams"])
+        if max_len is not None:
+            for key in ("prompt_tokens", "user_prompt_tokens"):
+                need = p[key] + (p["max_tokens"] if key == "user_prompt_tokens" else 1)
+                if need >= max_len:
+                    raise ProfileError(self.path, f"{where}.{key}",
+                                       f"prompt plus max_tokens within model.max_model_len ({max_len})", need)
+
+    def _active_cap_rules(self, p: dict, where: str, limits: Limits, engine: EngineFlags,
+                          max_len: int | None) -> None:
+        """More streams than active places, no more than the engine runs at once; the users
+        cap-00.. and cap-high get their limits (engine flags, like [limits.users])."""
+        from ratebench.scenarios import active_cap_users
+
+        places = engine.max_num_active_seqs
+        total = p["users"] * p["streams"]
+        if p["users"] < 2 or total <= places:
+            raise ProfileError(self.path, f"{where}.users",
+                               f"at least 2 users with more streams in all than engine.max_num_active_seqs "
+                               f"({places})", p["users"])
+        most = max(total, p["users"] + p["high_streams"])
+        if most > engine.max_num_seqs:
+            raise ProfileError(self.path, f"{where}.users",
+                               f"users x streams and users + high_streams within engine.max_num_seqs "
+                               f"({engine.max_num_seqs}), so that every stream runs and only the active places are "
+                               "scarce", most)
+        if p["high_limit_tps"] <= p["limit_tps"]:
+            raise ProfileError(self.path, f"{where}.high_limit_tps", f"above limit_tps ({p['limit_tps']})",
+                               p["high_limit_tps"])
+        low, high = active_cap_users(p)
+        for user in [*low, high]:
+            if user in limits.user_tps:
+                raise ProfileError(self.path, f"{where}.users",
+                                   f"users {low[0]}.. and {high} not declared in [limits.users]", user)
+            limits.user_tps[user] = p["high_limit_tps"] if user == high else p["limit_tps"]
+        if max_len is not None and p["prompt_tokens"] + p["max_tokens"] > max_len:
+            raise ProfileError(self.path, f"{where}.max_tokens",
+                               f"prompt plus max_tokens within model.max_model_len ({max_len})",
+                               p["prompt_tokens"] + p["max_tokens"])
 
     def _trace_rules(self, p: dict, where: str, limits: Limits, max_len: int | None) -> None:
         """The trace file reads (its own errors name its file and line), its users have limits, the

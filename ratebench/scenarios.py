@@ -529,6 +529,117 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
     return plans
 
 
+async def _sample_pressure(endpoint: str, out: dict[str, float], period_s: float = 0.2) -> None:
+    """Until cancelled: the engine's KV cache use, its highest reading, into ``out``."""
+    while True:
+        m = await engine_metrics(endpoint)
+        if "kv_cache_usage_perc" in m:
+            out["kv_usage_max"] = max(out.get("kv_usage_max", 0.0), m["kv_cache_usage_perc"])
+        await asyncio.sleep(period_s)
+
+
+def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
+    """A user with budget alone (baseline), then beside a throttled user whose long-context streams
+    fill most of the KV cache: the user's requests arrive one after another while the throttled
+    streams hold KV. The throttled streams run in the background and close when the user's last
+    request ends. The engine's preemptions and its highest KV use are read from /metrics."""
+    p = spec.params
+    user, throttled = p["user"], p["throttled_user"]
+    user_streams = p["requests"]
+
+    async def user_requests(ctx: ScenarioContext, engine: EngineRef, salt: str, lead_s: float,
+                            first_index: int = 0) -> list[StreamRequest]:
+        reqs = await _streams(ctx, engine, user, p["requests"], p["max_tokens"], salt,
+                              prompt_tokens=p["user_prompt_tokens"], first_index=first_index)
+        for k, r in enumerate(reqs):
+            r.delay_s = lead_s + k * p["interval_s"]
+        return reqs
+
+    async def baseline(ctx: ScenarioContext, engine: EngineRef) -> None:
+        reqs = await user_requests(ctx, engine, _salt(ctx, engine, "kv-baseline"), 0.0)
+        await ctx.phase(engine, "kv-baseline", reqs, {user: {"streams": user_streams, "backlogged": False}},
+                        role="baseline")
+
+    async def shared(ctx: ScenarioContext, engine: EngineRef) -> None:
+        salt = _salt(ctx, engine, "kv-shared")
+        throttled_tokens = ctx.room_tokens(p["prompt_tokens"])
+        reqs = await _streams(ctx, engine, throttled, p["throttled_streams"], throttled_tokens, salt + " t",
+                              background=True)
+        reqs += await user_requests(ctx, engine, salt + " u", p["lead_s"], first_index=p["throttled_streams"])
+        before = await engine_metrics(engine.endpoint)
+        seen: dict[str, float] = {}
+        sampler = asyncio.create_task(_sample_pressure(engine.endpoint, seen))
+
+        async def figures() -> dict[str, Any]:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+            after = await engine_metrics(engine.endpoint)
+            out: dict[str, Any] = {"kv_usage_max": round(seen["kv_usage_max"], 4) if "kv_usage_max" in seen else None}
+            if "num_preemptions" in before and "num_preemptions" in after:
+                out["preemptions"] = int(after["num_preemptions"] - before["num_preemptions"])
+            return out
+
+        try:
+            await ctx.phase(engine, "kv-shared", reqs, {
+                throttled: {"streams": p["throttled_streams"], "backlogged": True},
+                user: {"streams": user_streams, "backlogged": False},
+            }, role="shared", params={"throttled_max_tokens": throttled_tokens, "stream_wait": [throttled]},
+                extra=figures)
+        finally:
+            sampler.cancel()
+
+    def estimate(lead_s: float) -> Callable[[Limits | None], PhaseEstimate]:
+        span = lead_s + (p["requests"] - 1) * p["interval_s"]
+        return lambda limits: _at_limits(limits, [(user, 1, p["max_tokens"])], wait_s=span,
+                                         wait="the last request arriving at")
+
+    main = _main_engine(spec)
+    return [PhasePlan(spec.name, "kv-baseline", main, baseline, estimate(0.0)),
+            PhasePlan(spec.name, "kv-shared", main, shared, estimate(p["lead_s"]))]
+
+
+def active_cap_users(p: dict[str, Any]) -> tuple[list[str], str]:
+    """The users of an active-cap-fairness scenario: cap-00.. at limit_tps, and cap-high."""
+    return [f"cap-{i:02d}" for i in range(p["users"])], "cap-high"
+
+
+def active_cap_fairness(spec: ScenarioSpec) -> list[PhasePlan]:
+    """More streams than --max-num-active-seqs places, every user's limit above what the places
+    deliver, so the places decide each user's share. "cap-equal": users with equal limits and
+    several streams each, all at once. "cap-high": the same users with one stream each, then one
+    user with a higher limit arriving last. The verdict compares each user's tokens while all are
+    running with its max-min fair share (place-share)."""
+    p = spec.params
+    low, high = active_cap_users(p)
+
+    async def equal(ctx: ScenarioContext, engine: EngineRef) -> None:
+        salt = _salt(ctx, engine, "cap-equal")
+        reqs: list[StreamRequest] = []
+        for i, u in enumerate(low):
+            reqs += await _streams(ctx, engine, u, p["streams"], p["max_tokens"], f"{salt} {u}",
+                                   first_index=i * p["streams"])
+        await ctx.phase(engine, "cap-equal", reqs, {u: {"streams": p["streams"], "backlogged": False} for u in low},
+                        params={"place_share": True})
+
+    async def with_high(ctx: ScenarioContext, engine: EngineRef) -> None:
+        salt = _salt(ctx, engine, "cap-high")
+        reqs: list[StreamRequest] = []
+        for i, u in enumerate(low):
+            reqs += await _streams(ctx, engine, u, 1, p["max_tokens"], f"{salt} {u}", first_index=i)
+        reqs += await _streams(ctx, engine, high, p["high_streams"], p["max_tokens"], f"{salt} {high}",
+                               first_index=len(low), delay_s=p["lead_s"])
+        users = {u: {"streams": 1, "backlogged": False} for u in low}
+        users[high] = {"streams": p["high_streams"], "backlogged": False}
+        await ctx.phase(engine, "cap-high", reqs, users, params={"place_share": True})
+
+    def estimate(limits: Limits | None) -> PhaseEstimate:
+        return PhaseEstimate(None, "the active places set it: users' limits are above what they deliver")
+
+    main = _main_engine(spec)
+    return [PhasePlan(spec.name, "cap-equal", main, equal, estimate),
+            PhasePlan(spec.name, "cap-high", main, with_high, estimate)]
+
+
 async def _trace_streams(ctx: ScenarioContext, engine: EngineRef, requests: list[TraceRequest],
                          salt: str) -> list[StreamRequest]:
     """The stream requests of a trace: each at its arrival offset, with a fresh prompt of its length
@@ -647,6 +758,8 @@ _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
     "overhead": overhead,
     "trace": trace,
     "mix": mix,
+    "kv-pressure": kv_pressure,
+    "active-cap-fairness": active_cap_fairness,
 }
 
 
@@ -689,6 +802,23 @@ def eos_token_id(model_dir: Path | None) -> int:
             if isinstance(value, int):
                 return value
     raise WorkloadError(f"{model_dir}: no eos_token_id in generation_config.json or config.json")
+
+
+_GAUGE_RE = re.compile(r"^vllm:(num_preemptions|kv_cache_usage_perc)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+
+
+async def engine_metrics(endpoint: str) -> dict[str, float]:
+    """The engine's preemptions so far and its KV cache use now (a fraction), from /metrics;
+    empty when not exported or not reachable."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
+            r = await client.get(f"{endpoint}/metrics")
+    except httpx.HTTPError:
+        return {}
+    out: dict[str, float] = {}
+    for name, value in _GAUGE_RE.findall(r.text):
+        out[name] = out.get(name, 0.0) + float(value)
+    return out
 
 
 _METRIC_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)(?:_total)?)\{[^}]*\}\s+([0-9.eE+-]+)$", re.M)

@@ -237,11 +237,15 @@ def test_running_loop_schedules_at_most_the_active_cap():
     e.add(make_request("a0", user="a", max_tokens=100), make_request("a1", user="a", max_tokens=100))
     e.step()
     e.step()
-    e.add(*[make_request(f"b{i}", user="b", max_tokens=100) for i in range(4)])
-    for _ in range(5):
+    bs = [make_request(f"b{i}", user="b", max_tokens=100) for i in range(4)]
+    e.add(*bs)
+    for _ in range(12):
         out = e.step()
         assert len(out.num_scheduled_tokens) <= 2
-    assert s.get_request_counts()[0] == 4  # a0, a1 throttled (parked); two of b admitted
+    # a0, a1 throttled (parked); b's queued streams were admitted at b's turn and take turns on
+    # the two places (max_num_seqs, not the active cap, bounds the resident requests)
+    assert s.get_request_counts()[0] == 6
+    assert all(b.num_output_tokens >= 4 for b in bs), [b.num_output_tokens for b in bs]
 
 
 def test_preemption_picks_a_throttled_victim_first():
@@ -595,6 +599,20 @@ def test_a_user_with_a_higher_limit_is_not_starved_of_places_by_many_low_limits(
     low = [n for u, n in tokens.items() if u != "h"]
     assert tokens["h"] >= 0.9 * max(low), tokens
     assert jain_index(low) >= 0.95, tokens
+
+
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_users_whose_streams_queue_behind_running_ones_get_equal_places(async_scheduling, policy):
+    # No limit binds (1000 tok/s each; 2 places of 10 ms steps give 200 tok/s in all): 6 users with
+    # 2 streams each, 2 of the 12 running at first and the rest queued. Upstream admission keeps the
+    # queue waiting until a running request ends (u0 and u1, first in, got every token, the others
+    # none: Jain 0.33); the queue's head takes its user's turn, so each user gets 200 / 6 = 33 tok/s.
+    tokens, spread = run_active_places([f"u{i}" for i in range(6)], 2, default_tps=1000, active=2,
+                                       async_scheduling=async_scheduling, policy=policy)
+    assert jain_index(list(tokens.values())) >= 0.95, tokens
+    assert spread <= 2, tokens
+    assert all(160 <= n <= 175 for n in tokens.values()), tokens
 
 
 def test_a_waiting_stream_takes_its_users_turn_so_every_stream_gets_tokens():

@@ -8,6 +8,7 @@ from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_ON
+from ratebench.analysis.pressure import place_shares, stream_waits
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
 
@@ -100,6 +101,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
     checks.extend(lateness_checks(run))
+    checks.extend(_pressure(run, th))
     return checks
 
 
@@ -320,4 +322,50 @@ def _jain(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                              round(j, 5), th.jain_min, ">=", "index", j >= th.jain_min,
                              f"Jain's index of steady rates {min(r for _, r in pairs):.1f}.."
                              f"{max(r for _, r in pairs):.1f} tok/s"))
+    return out
+
+
+def _pressure(run: RunData, th: Thresholds) -> list[Check]:
+    """Under KV pressure: the phase was under pressure, no stream of a throttled user starved. With
+    more streams than active places: every user got its fair share of them."""
+    out = []
+    for p in run.phases:
+        if "kv_usage_max" in p.params or "preemptions" in p.params:
+            usage, preempted = p.params.get("kv_usage_max"), p.params.get("preemptions")
+            applied = bool(preempted) or (usage is not None and usage >= 0.95)
+            out.append(Check(
+                "kv-pressure-applied", p.scenario, p.phase, p.engine, None, preempted, 1, ">=", "preemptions",
+                applied,
+                f"{preempted if preempted is not None else 'unknown'} preemptions, highest KV cache use "
+                f"{'unknown' if usage is None else f'{usage:.0%}'}"
+                + ("" if applied else ": the phase never ran short of KV, so it shows nothing; make the KV cache "
+                   "smaller (--num-gpu-blocks-override) or the throttled user's prompts longer")))
+        for sw in stream_waits(run, p):
+            w = sw.worst
+            if w is None:
+                continue
+            allowed_ns = th.stream_wait_factor * sw.expected_ns + th.stream_wait_slack_ns
+            waits = sorted((x.wait_ns for x in sw.waits), reverse=True)
+            out.append(Check(
+                "stream-wait", p.scenario, p.phase, p.engine, sw.user, round(w.wait_ns / 1e6, 1),
+                round(allowed_ns / 1e6, 1), "<=", "ms", w.wait_ns <= allowed_ns,
+                f"longest wait of a stream for a token: stream {w.stream_index} ({w.client_id}) waited "
+                f"{w.wait_ns / 1e6:.0f} ms for its {w.where} with {w.tokens} tokens in all; allowed "
+                f"{th.stream_wait_factor:g} x {sw.streams} streams / {sw.limit_tps} tok/s + "
+                f"{th.stream_wait_slack_ns / 1e6:g} ms = {allowed_ns / 1e6:.0f} ms; the streams' longest waits "
+                + ", ".join(f"{x / 1e6:.0f}" for x in waits) + " ms"))
+        ps = place_shares(run, p)
+        if ps is not None:
+            worst_user, worst = ps.worst
+            rates = ", ".join(f"{u} {ps.rates_tps[u]:.0f}/{ps.fair_tps[u]:.0f}" for u in sorted(ps.rates_tps))
+            window = f"over {ps.window_s:.2f} s while every user wanted tokens; tok/s got/fair: {rates}"
+            out.append(Check("place-share", p.scenario, p.phase, p.engine, worst_user, round(worst, 4),
+                             th.place_share_min, ">=", "x fair share", worst >= th.place_share_min,
+                             f"{worst_user} got {worst:.2f} x its max-min fair share of the active places {window}"))
+            j = ps.jain
+            if j is not None:
+                out.append(Check("place-share-jain", p.scenario, p.phase, p.engine,
+                                 f"{len(ps.ratios)} users", round(j, 4), th.place_jain_min, ">=", "index",
+                                 j >= th.place_jain_min,
+                                 f"Jain's index of the users' rates / fair shares {window}"))
     return out

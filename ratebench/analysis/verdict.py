@@ -37,6 +37,13 @@ class Thresholds:
     # a waiting engine wakes at once: probes' p50 first token over the idle engine's, closed streams'
     # p50 abort latency (ms)
     wake_max_ms: float = 10.0
+    # no stream starves: a throttled user's stream waits at most factor * S / N + slack for a token
+    # (S streams at N tok/s taking turns give each one a token every S / N s)
+    stream_wait_factor: float = 2.0
+    stream_wait_slack_ns: int = 300_000_000
+    # the active places: each user's rate while all want tokens / its max-min fair share
+    place_share_min: float = 0.5  # the worst user's
+    place_jain_min: float = 0.9  # Jain's index of those ratios
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     burst_ns: int = BURST_NS
 

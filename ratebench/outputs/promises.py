@@ -87,6 +87,19 @@ CHECKS: dict[str, CheckMeaning] = {
     "isolation-gap-p99": CheckMeaning("4", "an unthrottled user's inter-token gaps grew beside a throttled "
                                       "neighbour", "{plot}, the gaps panel; report.md, inter-token gaps"),
     "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _LOWER),
+    "kv-pressure-applied": CheckMeaning("4", "the kv-pressure phase never ran short of KV cache: it shows nothing "
+                                        "about throttled requests holding KV", "engines/{engine}/engine.log: the KV "
+                                        "cache size; the profile's --num-gpu-blocks-override and prompt lengths"),
+    "stream-wait": CheckMeaning("2", "one of a throttled user's streams waited far longer for a token than the "
+                                "user's budget shared by its streams allows (it lost its KV and its turn while its "
+                                "siblings kept the budget)", "{plot}, the streams panel: the stream the explanation "
+                                "names; {events}: its dispatch events"),
+    "place-share": CheckMeaning("4", "with more streams than active places, a user got far less than its fair share "
+                                "of the places (places went to whoever was first in the running list)",
+                                "verdict.json, checks: each user's rate against its fair share; {plot}"),
+    "place-share-jain": CheckMeaning("4", "with more streams than active places, the users' shares of the places "
+                                     "were uneven", "verdict.json, checks: each user's rate against its fair share; "
+                                     "{plot}"),
     "overhead": CheckMeaning("7", "with limits never reached, the limiter costs more throughput than allowed "
                              "against the limiter off or stock vLLM",
                              "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "

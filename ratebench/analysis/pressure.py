@@ -1,0 +1,200 @@
+"""The limiter under pressure: figures of the kv-pressure and active-cap-fairness phases.
+
+* **Stream wait** (phases whose ``params.stream_wait`` names users): for each stream of
+  such a user, the longest time it went without a dispatch event (a token sampled for
+  it): to its first token from when it was sent or, if later, from the user's first
+  token in the phase (the phase's first prefills are not the limiter's doing), between
+  two tokens, and from its last token to when the driver closed it if it was still
+  waiting then. A user at ``N``
+  tok/s whose ``S`` streams take turns gives each stream a token every ``S / N``
+  seconds; a stream that lost its KV to a neighbour and was left behind while its
+  siblings kept the budget waits far longer.
+
+* **Place share** (phases with ``params.place_share``): every user's streams run at
+  once and every limit is above what the ``--max-num-active-seqs`` places deliver, so
+  the places decide each user's share. The window runs from the moment the last user
+  sent its first request (plus :data:`SETTLE_NS`) to the first moment a user got its
+  last token: every user wanted tokens throughout. Each user's rate in the window is
+  its dispatch events over the window; its *fair share* is the max-min share of the
+  window's total rate under the users' limits (water filling: no user above its
+  limit, the rest split evenly). The figures are each user's rate / fair share, their
+  Jain's index and their minimum. A user the places left out from its arrival has a
+  figure near 0 even if it was served once the others were done.
+
+Figures only; :mod:`ratebench.analysis.checks` applies the thresholds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ratebench.analysis.fairness import jain_index
+from ratebench.analysis.load import RunData
+from ratebench.events import KIND_DISPATCH, PhaseRecord
+from ratebench.profiles import ANONYMOUS_USER
+
+# The first steps after the last user's first request: its prefill, before it can take a place.
+SETTLE_NS = 200_000_000
+
+
+@dataclass
+class StreamWait:
+    client_id: str
+    stream_index: int
+    wait_ns: int  # the longest time without a token
+    where: str  # "first token", "between tokens", "after its last token until closed"
+    at_ns: int  # when that wait began
+    tokens: int
+
+
+@dataclass
+class StreamWaits:
+    """The streams of one user in one phase."""
+
+    user: str
+    limit_tps: int
+    streams: int
+    waits: list[StreamWait]
+
+    @property
+    def expected_ns(self) -> float:
+        """The time between two tokens of one stream when the streams take turns: S / N."""
+        return self.streams / self.limit_tps * 1e9
+
+    @property
+    def worst(self) -> StreamWait | None:
+        return max(self.waits, key=lambda w: w.wait_ns) if self.waits else None
+
+
+@dataclass
+class PlaceShares:
+    """The users' shares of the active places in one phase."""
+
+    window_start_ns: int
+    window_end_ns: int
+    rates_tps: dict[str, float]
+    fair_tps: dict[str, float]
+    ratios: dict[str, float] = field(default_factory=dict)  # rate / fair share
+
+    @property
+    def window_s(self) -> float:
+        return (self.window_end_ns - self.window_start_ns) / 1e9
+
+    @property
+    def jain(self) -> float | None:
+        return jain_index(np.array(list(self.ratios.values()))) if self.ratios else None
+
+    @property
+    def worst(self) -> tuple[str, float] | None:
+        return min(self.ratios.items(), key=lambda kv: kv[1]) if self.ratios else None
+
+
+def _dispatch_by_record(run: RunData, phase: PhaseRecord) -> dict[int, np.ndarray]:
+    """Dispatch event times of the phase's requests, by client record index."""
+    trace = run.traces.get(phase.engine)
+    if trace is None:
+        return {}
+    recs = trace.records
+    sel = recs[(recs["kind"] == KIND_DISPATCH)]
+    rec_idx = trace.req_record[sel["req"]]
+    in_phase = (trace.req_phase[sel["req"]] == phase.index) & (rec_idx >= 0)
+    sel, rec_idx = sel[in_phase], rec_idx[in_phase]
+    out: dict[int, np.ndarray] = {}
+    if not len(sel):
+        return out
+    order = np.argsort(rec_idx, kind="stable")
+    rec_idx, t = rec_idx[order], sel["t_ns"][order]
+    bounds = np.flatnonzero(np.diff(rec_idx)) + 1
+    for chunk_t, chunk_i in zip(np.split(t, bounds), np.split(rec_idx, bounds)):
+        out[int(chunk_i[0])] = np.sort(chunk_t)
+    return out
+
+
+def _user_of(user: str | None) -> str:
+    return user or ANONYMOUS_USER
+
+
+def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
+    """The longest wait of every stream of the phase's ``params.stream_wait`` users."""
+    users = [u for u in phase.params.get("stream_wait") or [] if u in phase.users]
+    if not users:
+        return []
+    by_record = _dispatch_by_record(run, phase)
+    out = []
+    for user in users:
+        spec = phase.users[user]
+        if not spec.limit_tps:
+            continue
+        mine = [i for i, r in enumerate(run.records)
+                if r.engine == phase.engine and r.scenario == phase.scenario and r.phase == phase.phase
+                and _user_of(r.user) == user and r.sent_ns is not None]
+        firsts = [int(by_record[i][0]) for i in mine if i in by_record and len(by_record[i])]
+        user_first = min(firsts) if firsts else None
+        waits = []
+        for i in mine:
+            r = run.records[i]
+            t = by_record.get(i, np.empty(0, dtype=np.int64))
+            start = r.sent_ns if user_first is None else max(r.sent_ns, min(user_first, int(t[0]) if len(t) else user_first))
+            marks = [("first token", start)] + [("between tokens", int(x)) for x in t]
+            # still waiting when the driver closed it (not when its answer was complete)
+            if r.cancelled and r.cancel_ns is not None and len(t) < r.max_tokens:
+                marks.append(("after its last token until closed", int(r.cancel_ns)))
+            best = None
+            for (_, a), (what, b) in zip(marks, marks[1:]):
+                if best is None or b - a > best[0]:
+                    best = (b - a, "first token" if a == start and what == "between tokens" else what, a)
+            if best is not None:
+                waits.append(StreamWait(r.client_id, r.stream_index, int(best[0]), best[1], int(best[2]), len(t)))
+        out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits))
+    return out
+
+
+def fair_shares(total_tps: float, limits: dict[str, float]) -> dict[str, float]:
+    """Max-min fair shares of ``total_tps`` under per-user limits (water filling)."""
+    left, out = total_tps, {}
+    users = sorted(limits, key=lambda u: limits[u])
+    for k, u in enumerate(users):
+        share = left / (len(users) - k)
+        out[u] = min(limits[u], share)
+        left -= out[u]
+    return out
+
+
+def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
+    """Each user's rate while every user wanted tokens, against its max-min fair share."""
+    if not phase.params.get("place_share"):
+        return None
+    by_record = _dispatch_by_record(run, phase)
+    first_sent: dict[str, int] = {}
+    last_token: dict[str, int] = {}
+    times: dict[str, list[np.ndarray]] = {}
+    for i, r in enumerate(run.records):
+        if r.engine != phase.engine or r.scenario != phase.scenario or r.phase != phase.phase or r.sent_ns is None:
+            continue
+        u = _user_of(r.user)
+        first_sent[u] = min(first_sent.get(u, r.sent_ns), r.sent_ns)
+        t = by_record.get(i)
+        if t is not None and len(t):
+            times.setdefault(u, []).append(t)
+            last_token[u] = max(last_token.get(u, 0), int(t[-1]))
+    users = [u for u in phase.users if u in first_sent]
+    if len(users) < 2:
+        return None
+    start = max(first_sent[u] for u in users) + SETTLE_NS
+    end = min(last_token.get(u, 0) for u in users)
+    if end <= start:
+        # a user had no token after everyone arrived: measure to the end of the phase, where it gets 0
+        end = max(last_token.values(), default=start)
+    if end <= start:
+        return None
+    span_s = (end - start) / 1e9
+    rates = {}
+    for u in users:
+        t = np.concatenate(times[u]) if u in times else np.empty(0, dtype=np.int64)
+        rates[u] = float(((t > start) & (t <= end)).sum()) / span_s
+    limits = {u: float(phase.users[u].limit_tps or np.inf) for u in users}
+    fair = fair_shares(sum(rates.values()), limits)
+    ratios = {u: (rates[u] / fair[u]) if fair[u] > 0 else 1.0 for u in users}
+    return PlaceShares(int(start), int(end), rates, fair, ratios)

@@ -1,0 +1,157 @@
+"""The pressure checks (ratebench/analysis/pressure.py): stream-wait, place-share, kv-pressure-applied.
+
+Synthetic run folders from the simulated engine, then the engine event file edited the way a
+broken limiter would have written it: a user's stream that got no token for seconds, users the
+active places left out until the others were done."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ratebench.analysis.checks import build_checks
+from ratebench.analysis.load import load_run
+from ratebench.analysis.pressure import fair_shares, place_shares, stream_waits
+from ratebench.analysis.summary import summarize_run
+from ratebench.analysis.verdict import Thresholds
+from ratebench.events import KIND_DISPATCH, KIND_EMIT, EventFileWriter, read_engine_events
+from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synthetic_runs import edit_scenarios
+
+
+def _checks(run_dir, name):
+    run = load_run(run_dir)
+    th = Thresholds()
+    return [c for c in build_checks(run, summarize_run(run, th), th) if c.name == name]
+
+
+def _rewrite_events(run_dir, keep):
+    """Keep only the engine events for which ``keep(records, strings)`` is True."""
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    mask = keep(ev.records, ev.strings)
+    with EventFileWriter(path, ev.meta) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_block(ev.records[mask])
+
+
+def _throttled_run(tmp_path):
+    """user-a at 20 tok/s with 4 streams beside user-c at 200 tok/s: a kv-shared phase."""
+    eng = SimEngine("patched-sync", default_tps=100, user_tps={"user-a": 20, "user-c": 200})
+    reqs = [SimRequest(f"rb-5e1f0001-{i}", "user-a", i, 40) for i in range(4)]
+    reqs += [SimRequest(f"rb-5e1f0001-{4 + i}", "user-c", 4 + i, 60, arrive_offset_ns=500_000_000 * (i + 1))
+             for i in range(3)]
+    phase = SimPhase("kv-pressure", "kv-pressure", "kv-shared", "patched-sync", "shared",
+                     {"user-a": {"limit_tps": 20, "streams": 4, "backlogged": True},
+                      "user-c": {"limit_tps": 200, "streams": 3, "backlogged": False}}, reqs,
+                     params={"stream_wait": ["user-a"], "kv_usage_max": 0.97, "preemptions": 4})
+    return write_run_folder(tmp_path / "run", [eng], [phase])
+
+
+def test_streams_taking_turns_pass_stream_wait(tmp_path):
+    run_dir = _throttled_run(tmp_path)
+    [check] = _checks(run_dir, "stream-wait")
+    assert check.passed, check.explanation
+    # 4 streams at 20 tok/s: a token every 200 ms per stream
+    assert 150 <= check.figure <= 260, check.explanation
+    assert check.threshold == pytest.approx(2 * 200 + 300)
+    [applied] = _checks(run_dir, "kv-pressure-applied")
+    assert applied.passed and applied.figure == 4
+
+
+def test_a_stream_left_without_tokens_fails_stream_wait(tmp_path):
+    run_dir = _throttled_run(tmp_path)
+    run = load_run(run_dir)
+    t0 = run.phases[0].start_ns
+
+    def keep(recs, strings):
+        # stream 0 of user-a gets nothing from 0.5 s to 2.5 s (its siblings keep the budget)
+        starved = np.array(["rb-5e1f0001-0-" in s for s in strings])[recs["req"]]
+        window = (recs["t_ns"] > t0 + 500_000_000) & (recs["t_ns"] < t0 + 2_500_000_000)
+        return ~(starved & window & np.isin(recs["kind"], [KIND_DISPATCH, KIND_EMIT]))
+
+    _rewrite_events(run_dir, keep)
+    [check] = _checks(run_dir, "stream-wait")
+    assert not check.passed
+    assert check.figure >= 1900
+    assert "stream 0" in check.explanation
+
+
+def test_a_phase_without_pressure_fails_kv_pressure_applied(tmp_path):
+    run_dir = _throttled_run(tmp_path)
+
+    def no_pressure(phases):
+        phases[0]["params"].update(kv_usage_max=0.41, preemptions=0)
+
+    edit_scenarios(run_dir, no_pressure)
+    [check] = _checks(run_dir, "kv-pressure-applied")
+    assert not check.passed
+    assert "never ran short of KV" in check.explanation
+
+
+def _places_run(tmp_path, users=4, streams=2, high=False):
+    limits = {f"cap-{i:02d}": 1000 for i in range(users)}
+    if high:
+        limits["cap-high"] = 5000
+    eng = SimEngine("patched-sync", default_tps=100, user_tps=limits)
+    reqs, n = [], 0
+    for u in limits:
+        for k in range(streams):
+            delay = 300_000_000 if u == "cap-high" else 0
+            reqs.append(SimRequest(f"rb-5e1f0001-{n}", u, n, 200, arrive_offset_ns=delay))
+            n += 1
+    phase = SimPhase("active-cap-fairness", "active-cap-fairness", "cap-high" if high else "cap-equal",
+                     "patched-sync", "measure",
+                     {u: {"limit_tps": lim, "streams": streams, "backlogged": False} for u, lim in limits.items()},
+                     reqs, params={"place_share": True})
+    return write_run_folder(tmp_path / "run", [eng], [phase])
+
+
+def test_users_served_alike_pass_place_share(tmp_path):
+    run_dir = _places_run(tmp_path)
+    share, jain = _checks(run_dir, "place-share")[0], _checks(run_dir, "place-share-jain")[0]
+    assert share.passed and share.figure >= 0.95, share.explanation
+    assert jain.passed and jain.figure >= 0.99
+
+
+@pytest.mark.parametrize("high", [False, True])
+def test_users_left_out_of_the_places_fail_place_share(tmp_path, high):
+    # The first users in the running list take the places until their answers are done; the last
+    # ones (or cap-high, arriving last) get their tokens only after that.
+    run_dir = _places_run(tmp_path, high=high)
+    run = load_run(run_dir)
+    phase = run.phases[0]
+    late = {"cap-high"} if high else {"cap-02", "cap-03"}
+    trace = run.traces["patched-sync"]
+    shift = 3_000_000_000
+
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    recs = ev.records.copy()
+    is_late = np.array([u in late for u in ev.strings])[recs["user"]]
+    recs["t_ns"][is_late] += shift
+    recs = recs[np.argsort(recs["t_ns"], kind="stable")]
+    with EventFileWriter(path, ev.meta) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_block(recs)
+    del trace, phase
+    share = _checks(run_dir, "place-share")[0]
+    jain = _checks(run_dir, "place-share-jain")[0]
+    assert not share.passed and share.user in late and share.figure < 0.1, share.explanation
+    assert not jain.passed
+
+
+def test_fair_shares_fill_up_to_each_limit():
+    assert fair_shares(300, {"a": 1000, "b": 1000, "c": 1000}) == pytest.approx({"a": 100, "b": 100, "c": 100})
+    # a low limit takes what it may; the rest split the remainder
+    assert fair_shares(300, {"a": 20, "b": 1000, "c": 1000}) == pytest.approx({"a": 20, "b": 140, "c": 140})
+
+
+def test_phases_without_the_params_have_no_pressure_figures(tmp_path):
+    run_dir = _places_run(tmp_path)
+    edit_scenarios(run_dir, lambda phases: phases[0]["params"].clear())
+    run = load_run(run_dir)
+    assert place_shares(run, run.phases[0]) is None
+    assert stream_waits(run, run.phases[0]) == []
