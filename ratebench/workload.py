@@ -15,18 +15,21 @@ import asyncio
 import collections
 import functools
 import itertools
-import json
+import socket
 import ssl
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import httpx
+import orjson
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from ratebench.events import ERROR_INTERRUPTED, ClientRecord
+from ratebench.http1 import HTTPStreamError, StreamPool
 from ratebench.profiles import ANONYMOUS_USER
 
 
@@ -39,6 +42,7 @@ def ssl_context() -> ssl.SSLContext:
 
 READ_TIMEOUT_S = 300.0
 LIVE_RATE_WINDOW_S = 2.0
+LOOP_LAG_PROBE_S = 0.01  # how often the event-loop lag probe sends itself a byte
 # Natural text the prompts are made of (tokenized once by the server's /tokenize).
 _BASE_TEXT = (
     "The scheduler hands out output tokens one step at a time, and every user shares "
@@ -90,47 +94,218 @@ class PhaseContext:
 
 
 class LiveRates:
-    """Per-user live figures for the display: streams running, tokens, recent rate."""
+    """Per-user live figures for the display: streams running, tokens, recent rate.
+
+    Nothing here runs per chunk: when the display refreshes (4 times a second) it reads each
+    open stream's token count off its :class:`ChunkReader`, and the recent rate is the change
+    of a user's total over the totals it read in the last ``LIVE_RATE_WINDOW_S``.
+    """
 
     def __init__(self, limits: dict[str, int | None]) -> None:
         self.limits = limits
         self.running: dict[str, int] = collections.Counter()
-        self.tokens: dict[str, int] = collections.Counter()
-        self.recent: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.ended_tokens: dict[str, int] = collections.Counter()
+        self.open: dict[str, set[ChunkReader]] = collections.defaultdict(set)
+        self.totals_seen: dict[str, collections.deque] = collections.defaultdict(collections.deque)
 
-    def started(self, user: str) -> None:
+    def started(self, user: str, reader: "ChunkReader") -> None:
         self.running[user] += 1
+        self.open[user].add(reader)
 
-    def ended(self, user: str) -> None:
+    def ended(self, user: str, reader: "ChunkReader") -> None:
         self.running[user] -= 1
+        self.open[user].discard(reader)
+        self.ended_tokens[user] += reader.seen
 
-    def got(self, user: str, t_ns: int, n: int) -> None:
-        self.tokens[user] += n
-        self.recent[user].append((t_ns, n))
+    def tokens(self, user: str) -> int:
+        return self.ended_tokens[user] + sum(r.seen for r in self.open[user])
 
     def rate_tps(self, user: str, now_ns: int) -> float:
-        q = self.recent[user]
+        total = self.tokens(user)
+        q = self.totals_seen[user]
+        q.append((now_ns, total))
         cutoff = now_ns - int(LIVE_RATE_WINDOW_S * 1e9)
-        while q and q[0][0] < cutoff:
+        while len(q) > 1 and q[1][0] <= cutoff:
             q.popleft()
-        return sum(n for _, n in q) / LIVE_RATE_WINDOW_S
+        then_ns, then_total = q[0]
+        return (total - then_total) / ((now_ns - then_ns) / 1e9) if now_ns > then_ns else 0.0
 
     def table(self, title: str) -> Table:
         now = time.monotonic_ns()
         t = Table(title=title, title_justify="left", expand=False)
         for col in ("user", "streams", "tokens", "live tok/s", "limit tok/s"):
             t.add_column(col, justify="left" if col == "user" else "right")
-        for user in sorted(set(self.running) | set(self.tokens)):
+        for user in sorted(set(self.running) | set(self.ended_tokens)):
             limit = self.limits.get(user)
             rate = self.rate_tps(user, now)
             style = "red" if limit and rate > 1.2 * limit else ""
-            t.add_row(user, str(self.running[user]), str(self.tokens[user]), f"{rate:.1f}",
+            t.add_row(user, str(self.running[user]), str(self.tokens(user)), f"{rate:.1f}",
                       "off" if limit is None else str(limit), style=style)
         return t
 
 
+class ChunkReader:
+    """A streamed response's body -> its client record: server-sent events split, each chunk's usage read.
+
+    ``feed`` runs for every socket read (from ``ratebench.http1`` straight off ``data_received``,
+    or per ``aiter_raw`` piece of an httpx transport) with the time the bytes came off the
+    socket. The per-chunk work is one ``orjson.loads`` and two appends to ``array('q')``s;
+    :meth:`finish` turns those into the record's lists once, at the end of the stream.
+    """
+
+    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "buf", "closing")
+
+    def __init__(self, rec: ClientRecord, cancel_after_tokens: int | None) -> None:
+        self.rec = rec
+        self.cancel_after_tokens = cancel_after_tokens
+        self.seen = 0  # usage.completion_tokens of the last chunk
+        self.times = array("q")  # chunks that carried tokens: arrival time
+        self.counts = array("q")  # tokens in each of those chunks
+        self.buf = b""  # an event not complete yet
+        self.closing = False  # feed said True because the driver closes the stream (cancel_after_tokens)
+
+    def feed(self, data: bytes, t_ns: int) -> bool:
+        """Take body bytes that came off the socket at ``t_ns``; True: the driver needs no more
+        ([DONE] seen, or ``cancel_after_tokens`` reached: then ``closing``)."""
+        buf = self.buf + data if self.buf else data
+        if b"\r" in buf:
+            # a CR kept at the end waits for its LF (it may arrive in the next read)
+            keep_cr = buf.endswith(b"\r")
+            buf = buf.replace(b"\r\n", b"\n")
+            if keep_cr and not buf.endswith(b"\r"):
+                buf += b"\r"
+        start = 0
+        while True:
+            end = buf.find(b"\n\n", start)
+            if end < 0:
+                break
+            event = buf[start:end]
+            start = end + 2
+            if event.startswith(b"data: ") and b"\n" not in event:  # vLLM's one-line events
+                done = self._chunk(event[6:], t_ns)
+            else:
+                done = False
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data:") and self._chunk(line[5:].strip(), t_ns):
+                        done = True
+                        break
+            if done:
+                self.buf = b""
+                return True
+        self.buf = buf[start:] if start < len(buf) else b""
+        return False
+
+    def _chunk(self, payload: bytes, t_ns: int) -> bool:
+        rec = self.rec
+        if payload == b"[DONE]":
+            rec.done_ns = t_ns
+            return True
+        try:
+            chunk = orjson.loads(payload)
+        except ValueError:
+            rec.error = f"unreadable chunk: {payload[:200]!r}"
+            return False
+        if type(chunk) is not dict:
+            rec.error = f"unreadable chunk: {payload[:200]!r}"
+            return False
+        if "error" in chunk and "choices" not in chunk:
+            err = chunk["error"]
+            rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+            return False
+        choices = chunk.get("choices") or []
+        usage = chunk.get("usage")
+        if usage is not None:
+            total = int(usage.get("completion_tokens") or 0)
+            if rec.prompt_tokens is None and usage.get("prompt_tokens") is not None:
+                rec.prompt_tokens = int(usage["prompt_tokens"])
+            if total > self.seen:
+                if rec.first_token_ns is None:
+                    rec.first_token_ns = t_ns
+                self.times.append(t_ns)
+                self.counts.append(total - self.seen)
+                self.seen = total
+            if not choices:  # the final usage chunk (include_usage)
+                rec.completion_tokens = total
+                if usage.get("prompt_tokens") is not None:
+                    rec.prompt_tokens = int(usage["prompt_tokens"])
+        for choice in choices:
+            if choice.get("finish_reason"):
+                rec.finish_reason = choice["finish_reason"]
+        if self.cancel_after_tokens is not None and self.seen >= self.cancel_after_tokens:
+            rec.cancelled = True
+            rec.cancel_ns = time.monotonic_ns()
+            self.closing = True
+            return True  # the driver closes the connection: vLLM aborts
+        return False
+
+    def finish(self) -> None:
+        """The record's chunk lists, once the stream is over."""
+        self.rec.chunk_ns = self.times.tolist()
+        self.rec.chunk_tokens = self.counts.tolist()
+
+
+class LoopLagProbe:
+    """How late the event loop handles bytes that arrive: the delay a chunk's timestamp carries.
+
+    Every ``LOOP_LAG_PROBE_S`` the probe sends itself one byte over a socket pair and stamps
+    the send; the loop's reader callback for the other end stamps the receipt. The difference is
+    how long a byte that reached the kernel waits for the loop: the rest of the loop's current
+    pass plus the I/O callbacks ahead of it, the same wait as a stream's bytes (their stamps are
+    taken in ``data_received``).
+    """
+
+    def __init__(self) -> None:
+        self.lags_ns = array("q")
+        self._sent_ns = 0
+
+    async def run(self, every_s: float = LOOP_LAG_PROBE_S, tick=None) -> None:
+        loop = asyncio.get_running_loop()
+        rsock, wsock = socket.socketpair()
+        rsock.setblocking(False)
+        wsock.setblocking(False)
+
+        def on_byte() -> None:
+            now = time.monotonic_ns()
+            try:
+                rsock.recv(64)
+            except BlockingIOError:
+                return
+            self.lags_ns.append(now - self._sent_ns)
+
+        loop.add_reader(rsock.fileno(), on_byte)
+        try:
+            while True:
+                await asyncio.sleep(every_s)
+                self._sent_ns = time.monotonic_ns()
+                wsock.send(b"x")
+                if tick is not None:
+                    tick(self._sent_ns)
+        finally:
+            loop.remove_reader(rsock.fileno())
+            rsock.close()
+            wsock.close()
+
+    def summary(self) -> dict[str, Any] | None:
+        """p50, p90, p99 and max of the lag in ms, and the samples; None without samples."""
+        if not self.lags_ns:
+            return None
+        lags = sorted(self.lags_ns)
+        n = len(lags)
+
+        def ms(q: float) -> float:
+            return round(lags[min(n - 1, int(q * n))] / 1e6, 3)
+
+        return {"samples": n, "every_ms": LOOP_LAG_PROBE_S * 1e3, "p50_ms": ms(0.5), "p90_ms": ms(0.9),
+                "p99_ms": ms(0.99), "max_ms": round(lags[-1] / 1e6, 3)}
+
+
 class Driver:
-    """Sends streamed requests for the phases of a run and keeps their client records."""
+    """Sends streamed requests for the phases of a run and keeps their client records.
+
+    The requests go over ratebench's own HTTP/1.1 client (``ratebench.http1``: a keep-alive pool
+    per phase, sized to its streams); ``transport`` (tests: a scripted server) sends them through
+    ``httpx`` instead. Either way every body byte goes through the same :class:`ChunkReader`.
+    """
 
     def __init__(self, run_id: str, *, console: Console | None = None, live: bool = True,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
@@ -143,6 +318,9 @@ class Driver:
         self._prompts: dict[tuple[str, str], "PromptMaker"] = {}
         # (endpoint, user) -> when that user's last phase there ended (monotonic ns)
         self.user_last_phase_end_ns: dict[tuple[str, str], int] = {}
+        # the event-loop lag over the last phase (LoopLagProbe.summary), for its scenarios.json entry
+        self.last_loop_lag: dict[str, Any] | None = None
+        self.last_connections = 0  # connections the last phase opened (its pool; 0 through httpx)
 
     def next_client_id(self) -> str:
         return f"rb-{self.run_id}-{next(self._counter)}"
@@ -156,6 +334,19 @@ class Driver:
             self._prompts[key] = maker
         return self._prompts[key]
 
+    @staticmethod
+    def streams_at_once(requests: list[StreamRequest], concurrency: int | None) -> int:
+        """The most streams the phase can have open at once (the size of its keep-alive pool)."""
+        loops: dict[str, int] = {}
+        free = 0
+        for req in requests:
+            if req.loop_group is None:
+                free += 1
+            else:
+                loops[req.loop_group] = req.loop_streams
+        most = free + sum(loops.values())
+        return max(1, min(most, concurrency) if concurrency else most)
+
     async def run_phase(self, ctx: PhaseContext, requests: list[StreamRequest], *, concurrency: int | None = None,
                         limits: dict[str, int | None] | None = None) -> list[ClientRecord]:
         """Send every request (at its delay, at most ``concurrency`` at once); wait for the end.
@@ -167,11 +358,27 @@ class Driver:
         sem = asyncio.Semaphore(concurrency) if concurrency else None
         phase_records: list[ClientRecord] = []
         stop_flags: dict[int, bool] = {}
-        timeout = httpx.Timeout(connect=30.0, read=READ_TIMEOUT_S, write=30.0, pool=None)
-        async with httpx.AsyncClient(timeout=timeout, transport=self.transport, verify=ssl_context(),
-                                     limits=httpx.Limits(max_connections=1024, max_keepalive_connections=64)) as client:
-            # the schedule starts once the client is ready (a process's first client loads the
-            # certificate bundle: tens of ms that would make the first requests late)
+        streams = self.streams_at_once(requests, concurrency)
+        probe = LoopLagProbe()
+        self.last_loop_lag = None
+        if self.transport is not None:
+            timeout = httpx.Timeout(connect=30.0, read=READ_TIMEOUT_S, write=30.0, pool=None)
+            client: httpx.AsyncClient | StreamPool = httpx.AsyncClient(
+                timeout=timeout, transport=self.transport, verify=ssl_context(),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=streams))
+        else:
+            client = StreamPool(ctx.endpoint, max_idle=streams, read_timeout_s=READ_TIMEOUT_S,
+                                ssl_context=ssl_context() if ctx.endpoint.startswith("https:") else None)
+        expire_every_ns = 1_000_000_000
+        next_expiry = [time.monotonic_ns() + expire_every_ns]
+
+        def tick(now_ns: int) -> None:  # from the probe, every 10 ms: read timeouts once a second
+            if isinstance(client, StreamPool) and now_ns >= next_expiry[0]:
+                next_expiry[0] = now_ns + expire_every_ns
+                client.expire(now_ns)
+
+        try:
+            # the schedule starts once the client is ready
             t0 = time.monotonic_ns()
             tasks: list[tuple[StreamRequest, asyncio.Task]] = []
             loops: dict[str, asyncio.Queue] = {}  # a closed loop's free places: when each was freed (ns)
@@ -209,9 +416,12 @@ class Driver:
                     task = asyncio.create_task(in_loop(loops[req.loop_group], req, rec))
                 tasks.append((req, task))
             title = f"{ctx.scenario} / {ctx.phase} on {ctx.engine}"
-            with Live(live.table(title), console=self.console, refresh_per_second=4, transient=True,
-                      auto_refresh=self.live) as display:
-                ticker = asyncio.create_task(self._refresh(display, live, title))
+            # the display is rendered by the event loop's own 4 Hz task, not by a second thread
+            # (a refresh thread would take the GIL from the loop at times of its own)
+            with Live(live.table(title), console=self.console, transient=True, auto_refresh=False) as display:
+                ticker = asyncio.create_task(self._refresh(display, live, title)) if self.live else None
+                prober = asyncio.create_task(probe.run(tick=tick))
+                side = [t for t in (ticker, prober) if t is not None]
                 try:
                     foreground = [t for r, t in tasks if not r.background]
                     if foreground:
@@ -222,21 +432,31 @@ class Driver:
                                 t.cancel()
                     await asyncio.gather(*(t for _, t in tasks))
                 finally:
-                    ticker.cancel()
+                    for t in side:
+                        t.cancel()
                     for _, t in tasks:
                         if not t.done():
                             t.cancel()
-                    await asyncio.gather(*(t for _, t in tasks), ticker, return_exceptions=True)
+                    await asyncio.gather(*(t for _, t in tasks), *side, return_exceptions=True)
+                    self.last_loop_lag = probe.summary()
+        finally:
+            if isinstance(client, StreamPool):
+                self.last_connections = client.opened
+                client.close()
+            else:
+                self.last_connections = 0
+                await client.aclose()
         return phase_records
 
     @staticmethod
     async def _refresh(display: Live, live: LiveRates, title: str) -> None:
         while True:
-            display.update(live.table(title))
+            display.update(live.table(title), refresh=True)
             await asyncio.sleep(0.25)
 
-    async def _stream(self, client: httpx.AsyncClient, ctx: PhaseContext, req: StreamRequest, rec: ClientRecord,
-                      sem: asyncio.Semaphore | None, live: LiveRates, stop_flags: dict[int, bool]) -> None:
+    async def _stream(self, client: "httpx.AsyncClient | StreamPool", ctx: PhaseContext, req: StreamRequest,
+                      rec: ClientRecord, sem: asyncio.Semaphore | None, live: LiveRates,
+                      stop_flags: dict[int, bool]) -> None:
         user_key = req.user or ANONYMOUS_USER
         try:
             delay_s = (rec.scheduled_ns - time.monotonic_ns()) / 1e9
@@ -258,23 +478,25 @@ class Driver:
                 rec.error = ERROR_INTERRUPTED
             raise
 
-    async def _send(self, client: httpx.AsyncClient, ctx: PhaseContext, req: StreamRequest, rec: ClientRecord,
-                    live: LiveRates, user_key: str) -> None:
+    async def _send(self, client: "httpx.AsyncClient | StreamPool", ctx: PhaseContext, req: StreamRequest,
+                    rec: ClientRecord, live: LiveRates, user_key: str) -> None:
         body = request_body(ctx.model, req)
         path = "/v1/chat/completions" if req.api == "chat" else "/v1/completions"
         headers = {**req.headers, "X-Request-Id": rec.client_id}
-        live.started(user_key)
+        reader = ChunkReader(rec, req.cancel_after_tokens)
+        read = self._read_pooled if isinstance(client, StreamPool) else self._read_httpx
+        live.started(user_key, reader)
         try:
             if req.cancel_after_s is not None:
                 try:
                     async with asyncio.timeout(req.cancel_after_s):
-                        await self._read_stream(client, ctx.endpoint + path, body, headers, req, rec, live, user_key)
+                        await read(client, ctx.endpoint, path, body, headers, rec, reader)
                 except TimeoutError:
                     rec.cancelled = True
                     rec.cancel_ns = time.monotonic_ns()
             else:
-                await self._read_stream(client, ctx.endpoint + path, body, headers, req, rec, live, user_key)
-        except httpx.HTTPError as exc:
+                await read(client, ctx.endpoint, path, body, headers, rec, reader)
+        except (httpx.HTTPError, HTTPStreamError) as exc:
             rec.error = f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:
             if rec.done_ns is None:  # closed mid-stream (by the driver, or the run was interrupted)
@@ -282,76 +504,46 @@ class Driver:
                 rec.cancel_ns = time.monotonic_ns()
             raise
         finally:
-            live.ended(user_key)
+            reader.finish()
+            live.ended(user_key, reader)
             if rec.done_ns is None:
                 rec.done_ns = time.monotonic_ns()
 
-    async def _read_stream(self, client: httpx.AsyncClient, url: str, body: dict, headers: dict, req: StreamRequest,
-                           rec: ClientRecord, live: LiveRates, user_key: str) -> None:
+    @staticmethod
+    def _ended(rec: ClientRecord, reader: ChunkReader) -> None:
+        """The body ended (or the driver stopped reading it): the record's end, and what a short stream lacked."""
+        if rec.done_ns is None and not reader.closing:
+            rec.done_ns = time.monotonic_ns()
+            if rec.finish_reason is None and rec.error is None:
+                rec.error = "stream ended without [DONE]"
+
+    @staticmethod
+    async def _read_pooled(pool: StreamPool, endpoint: str, path: str, body: dict, headers: dict,
+                           rec: ClientRecord, reader: ChunkReader) -> None:
         rec.sent_ns = time.monotonic_ns()
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
+        status, error_body = await pool.post(path, headers, orjson.dumps(body), reader)
+        rec.http_status = status
+        if status != 200:
+            rec.error = f"HTTP {status}: {error_body.decode(errors='replace')[:500]}"
+            rec.done_ns = time.monotonic_ns()
+            return
+        Driver._ended(rec, reader)
+
+    @staticmethod
+    async def _read_httpx(client: httpx.AsyncClient, endpoint: str, path: str, body: dict, headers: dict,
+                          rec: ClientRecord, reader: ChunkReader) -> None:
+        rec.sent_ns = time.monotonic_ns()
+        async with client.stream("POST", endpoint + path, json=body, headers=headers) as resp:
             rec.http_status = resp.status_code
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 rec.error = f"HTTP {resp.status_code}: {text[:500]}"
                 rec.done_ns = time.monotonic_ns()
                 return
-            seen = 0
-            buf = b""
             async for raw in resp.aiter_raw():
-                t_ns = time.monotonic_ns()
-                buf += raw.replace(b"\r\n", b"\n")
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    for line in event.split(b"\n"):
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            rec.done_ns = t_ns
-                            return
-                        seen = self._on_chunk(payload, t_ns, seen, rec, live, user_key)
-                        if req.cancel_after_tokens is not None and seen >= req.cancel_after_tokens:
-                            rec.cancelled = True
-                            rec.cancel_ns = time.monotonic_ns()
-                            return  # leaving the context closes the connection: vLLM aborts
-            rec.done_ns = time.monotonic_ns()
-            if rec.finish_reason is None and rec.error is None:
-                rec.error = "stream ended without [DONE]"
-
-    @staticmethod
-    def _on_chunk(payload: bytes, t_ns: int, seen: int, rec: ClientRecord, live: LiveRates, user_key: str) -> int:
-        try:
-            chunk = json.loads(payload)
-        except ValueError:
-            rec.error = f"unreadable chunk: {payload[:200]!r}"
-            return seen
-        if "error" in chunk and "choices" not in chunk:
-            err = chunk["error"]
-            rec.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-            return seen
-        choices = chunk.get("choices") or []
-        usage = chunk.get("usage")
-        if usage is not None:
-            total = int(usage.get("completion_tokens") or 0)
-            if rec.prompt_tokens is None and usage.get("prompt_tokens") is not None:
-                rec.prompt_tokens = int(usage["prompt_tokens"])
-            if total > seen:
-                n = total - seen
-                if rec.first_token_ns is None:
-                    rec.first_token_ns = t_ns
-                rec.chunk_ns.append(t_ns)
-                rec.chunk_tokens.append(n)
-                live.got(user_key, t_ns, n)
-                seen = total
-            if not choices:  # the final usage chunk (include_usage)
-                rec.completion_tokens = total
-                if usage.get("prompt_tokens") is not None:
-                    rec.prompt_tokens = int(usage["prompt_tokens"])
-        for choice in choices:
-            if choice.get("finish_reason"):
-                rec.finish_reason = choice["finish_reason"]
-        return seen
+                if reader.feed(raw, time.monotonic_ns()):
+                    return  # [DONE], or closing: leaving the context closes the connection (vLLM aborts)
+        Driver._ended(rec, reader)
 
 
 def request_body(model: str, req: StreamRequest) -> dict[str, Any]:
