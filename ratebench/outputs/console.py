@@ -29,9 +29,10 @@ def default_console() -> Console:
     return c if c.is_terminal else Console(width=180)
 
 
-def verdict_tables(verdict: Verdict) -> list[Table]:
+def verdict_tables(verdict: Verdict, width: int | None = None) -> list[Table]:
     """One table per scenario and engine, in run order; its phases of many users by tier first
-    (one table of tiers), then the rows of the other phases and of those phases' failing users."""
+    (a table of tiers, split to fit ``width`` columns), then the rows of the other phases and of
+    those phases' failing users."""
     groups: dict[tuple[str, str], list[UserPhaseSummary]] = {}
     for row in verdict.rows:
         groups.setdefault((row.scenario, row.engine), []).append(row)
@@ -43,7 +44,7 @@ def verdict_tables(verdict: Verdict) -> list[Table]:
         tiered = {phase for phase, members in phases.items() if by_tier(members)}
         if tiered:
             lines = [line for phase in phases if phase in tiered for line in tier_lines(verdict, phases[phase])]
-            tables.append(_tier_table(scenario, engine, lines))
+            tables.extend(_tier_tables(scenario, engine, lines, width))
         shown = [r for r in rows if r.phase not in tiered or not r.passed]
         if shown:
             failing_only = all(r.phase in tiered for r in shown)
@@ -77,35 +78,64 @@ def _figure(x: float | int) -> str:
     return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}"
 
 
-def _worst_cell(w: WorstUser | None) -> str:
-    """The worst user's figure over its name; red with the count of users that failed the check."""
+def _worst_cell(w: WorstUser | None, one_user: bool) -> str:
+    """The worst user's figure over its name (a tier of one user: the figure alone); red with the
+    count of users that failed the check."""
     if w is None:
         return "-"
-    cell = f"{_figure(w.figure)}\n{escape(w.user)}"
+    cell = _figure(w.figure) if one_user else f"{_figure(w.figure)}\n{escape(w.user)}"
     return f"[bold red]{cell}\n{w.failed}/{w.checked} FAIL[/]" if w.failed else cell
 
 
-def _tier_table(scenario: str, engine: str, lines: list[TierLine]) -> Table:
-    """A line per tier: its users, limit and tokens, the worst user of each check (figure over name)."""
+def _check_width(name: str, lines: list[TierLine]) -> int:
+    """A check column's width: its name wraps between words, never inside a word nor a user's name."""
+    names = [w.user for line in lines if (w := line.worst.get(name)) is not None and len(line.users) > 1]
+    return max(len(x) for x in [*name.split("-"), *names, "0.00", "1/25 FAIL"])
+
+
+def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int | None) -> list[Table]:
+    """A line per tier: its users, limit, tokens and result, then the worst user of each check (figure
+    over name). Checks that do not fit in ``width`` columns go on in a table below (the tier repeated)."""
     users = sum(len(line.users) for line in lines)
-    table = Table(title=_title(scenario, engine, f"{users} users by tier, the worst user of each check "
-                               "(every user: report.md, verdict.json)"),
-                  title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
-    for name, values in (("phase", [line.phase for line in lines]), ("tier", [line.tier for line in lines])):
-        table.add_column(name, no_wrap=True, min_width=max(len(name), *map(len, values)))
-    table.add_column("users", justify="right")
-    table.add_column("N", justify="right")
-    table.add_column("tokens", justify="right")
+    name_widths = [max(len("phase"), *(len(x.phase) for x in lines)), max(len("tier"), *(len(x.tier) for x in lines))]
     checks = list(dict.fromkeys(name for line in lines for name in line.worst))
+    results = {id(x): "[green]pass[/]" if x.passed else f"[bold red]FAIL[/] {len(x.failed_users)}/{len(x.users)}"
+               for x in lines}
+    head = [("users", 5), ("N", max(1, *(len(_limits(x)) for x in lines))), ("tokens", 6), ("result", 10)]
+    chunks: list[list[str]] = [[]]
+    gap = 3  # a column's padding and the separator, with room to spare (rich measures a header that wraps
+    # at its widest)
+    used = sum(w + gap for w in name_widths) + sum(w + gap for _, w in head)
     for name in checks:
-        table.add_column(name, justify="right", overflow="fold")
-    table.add_column("result", no_wrap=True)
-    for line in lines:
-        limits = "/".join("off" if n is None else str(n) for n in line.limits_tps)
-        result = "[green]pass[/]" if line.passed else f"[bold red]FAIL[/] {len(line.failed_users)}/{len(line.users)}"
-        table.add_row(escape(line.phase), escape(line.tier), str(len(line.users)), limits,
-                      str(line.streamed_tokens), *(_worst_cell(line.worst.get(name)) for name in checks), result)
-    return table
+        w = _check_width(name, lines) + gap
+        if width is not None and chunks[-1] and used + w > width:
+            chunks.append([])
+            used = sum(w0 + gap for w0 in name_widths)
+        chunks[-1].append(name)
+        used += w
+    tables = []
+    for i, chunk in enumerate(chunks):
+        what = (f"{users} users by tier, the worst user of each check (every user: report.md, verdict.json)" if i == 0
+                else "by tier, the worst user of each check (continued)")
+        table = Table(title=_title(scenario, engine, what), title_justify="left", box=box.SIMPLE_HEAD,
+                      show_edge=False, pad_edge=False, collapse_padding=True)
+        for name, w in zip(("phase", "tier"), name_widths):
+            table.add_column(name, no_wrap=True, min_width=w)
+        if i == 0:
+            for name, w in head:
+                table.add_column(name, justify="right" if name != "result" else "left", no_wrap=True, min_width=w)
+        for name in chunk:
+            table.add_column(name.replace("-", " "), justify="right", min_width=_check_width(name, lines))
+        for line in lines:
+            cells = [str(len(line.users)), _limits(line), str(line.streamed_tokens), results[id(line)]] if i == 0 else []
+            table.add_row(escape(line.phase), escape(line.tier), *cells,
+                          *(_worst_cell(line.worst.get(name), len(line.users) == 1) for name in chunk))
+        tables.append(table)
+    return tables
+
+
+def _limits(line: TierLine) -> str:
+    return "/".join("off" if n is None else str(n) for n in line.limits_tps)
 
 
 def legend() -> str:
@@ -122,7 +152,7 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
         head += (f"  [bold yellow]PARTIAL[/]: the run did not complete; {n} completed phases checked, "
                  f"{len(verdict.missing_phases)} missing (listed below)")
     console.print(head)
-    for table in verdict_tables(verdict):
+    for table in verdict_tables(verdict, console.width):
         console.print()
         console.print(table)
     _print_failures(verdict, console)

@@ -82,8 +82,9 @@ def tier_lines(verdict: Verdict, rows: list[UserPhaseSummary]) -> list[TierLine]
         tiers.setdefault(tier_of(r), []).append(r)
     checks: dict[str, list[Check]] = {}
     for c in verdict.checks:
+        # checks with a figure beside a threshold; information-only ones (bound-client) stay in report.md
         if (c.scenario, c.phase, c.engine) == key and c.user is not None and c.op in (">=", "<=") \
-                and c.figure is not None and c.threshold is not None:
+                and c.figure is not None and c.threshold is not None and c.passed is not None:
             checks.setdefault(c.user, []).append(c)
     out = []
     last = [t for t in (ANONYMOUS_USER, "limiter off") if t in tiers]  # after the tiers of limited users
