@@ -37,7 +37,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ratebench.profiling.microbench import VARIANT_NEVER_REACHED, MicrobenchSettings, SchedulerBench, warmup_calls_for  # noqa: E402
+from ratebench.profiling.microbench import (  # noqa: E402
+    VARIANT_NEVER_REACHED,
+    MicrobenchSettings,
+    SchedulerBench,
+    warmup_calls_for,
+)
 
 
 def _bench(r: int, active: int, events_dir: str | None) -> SchedulerBench:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,6 +20,7 @@ from ratebench.profiling.microbench import scheduler_source
 from ratebench.profiling.pyspy import (
     ENGINE_CORE_TITLES,
     RECORDING_FORMATS,
+    RECORDING_WINDOWS,
     find_engine_core,
     process_title,
     ptrace_problem,
@@ -65,8 +66,9 @@ class PySpyRecording:
     raw_path: Path
     svg_path: Path
     speedscope_path: Path
-    resident: dict[str, float]  # running / waiting from /metrics while recording
-    error: str | None = None
+    resident: dict[str, float]  # running / waiting from /metrics while recording the raw stacks
+    error: str | None = None  # the raw stacks were not recorded
+    picture_errors: list[str] = field(default_factory=list)  # the flame graph or speedscope file was not
 
 
 async def _record_one_r(endpoint: str, model: str, r: int, settings: EngineProfileSettings, busy: int,
@@ -77,26 +79,29 @@ async def _record_one_r(endpoint: str, model: str, r: int, settings: EngineProfi
     async with resident_load(endpoint, model, r, busy=busy, streams_per_user=settings.streams_per_user,
                              max_tokens=settings.max_tokens, settle_s=settings.settle_s) as load:
         log(f"R={r}: {load.streams} streams open ({load.throttled} throttled of {load.users} users at the engine's "
-            f"default rate, {load.unlimited} unlimited); recording {settings.duration_s:.0f} s")
+            f"default rate, {load.unlimited} unlimited); recording {settings.duration_s:.0f} s for the shares, "
+            f"then {settings.duration_s:.0f} s for the flame graph and the speedscope file")
+        shares_window, *picture_windows = RECORDING_WINDOWS
         before = await engine_gauges(load.client, endpoint)
-        rec.error = await _record_formats(engine_pid, paths, settings)
+        rec.error = "; ".join(await _record_window(engine_pid, {f: paths[f] for f in shares_window}, settings)) or None
         after = await engine_gauges(load.client, endpoint)
         rec.resident = {k: (before.get(k, 0) + after.get(k, 0)) / 2 for k in ("running", "waiting")}
+        for formats in picture_windows:
+            rec.picture_errors += await _record_window(engine_pid, {f: paths[f] for f in formats}, settings)
     return rec
 
 
-async def _record_formats(pid: int, paths: dict[str, Path], settings: EngineProfileSettings) -> str | None:
-    """One py-spy recorder per format over the same window, started together
-    (:mod:`ratebench.profiling.pyspy` says why); why any failed, else None."""
+async def _record_window(pid: int, paths: dict[str, Path], settings: EngineProfileSettings) -> list[str]:
+    """py-spy recorders of the same window, one per format (:mod:`ratebench.profiling.pyspy` says
+    why), started together; why any failed."""
     procs = {fmt: await asyncio.create_subprocess_exec(
                  *py_spy_command(pid, path, settings.duration_s, settings.rate_hz, fmt=fmt),
                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
              for fmt, path in paths.items()}
     outputs = await asyncio.gather(*(p.communicate() for p in procs.values()))
-    errors = [f"py-spy --format {fmt} exited with {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}"
-              for (fmt, proc), (_, err) in zip(procs.items(), outputs)
-              if proc.returncode != 0 or not paths[fmt].exists()]
-    return "; ".join(errors) or None
+    return [f"py-spy --format {fmt} exited with {proc.returncode}: {err.decode(errors='replace').strip()[-300:]}"
+            for (fmt, proc), (_, err) in zip(procs.items(), outputs)
+            if proc.returncode != 0 or not paths[fmt].exists()]
 
 
 @dataclass
@@ -108,6 +113,7 @@ class EngineRow:
     svg: str | None
     speedscope: str | None
     error: str | None = None
+    picture_error: str | None = None  # why the flame graph or the speedscope file is missing
 
 
 @dataclass
@@ -138,8 +144,9 @@ ENGINE_NOTES = [
     "add up to the step loop; its socket threads, which mostly wait, are left out",
     "samples are aggregated by function (--function); categories overlap (the limiter and the rotation run "
     "inside schedule)",
-    "the flame graph and the speedscope file are py-spy's own, from recorders that ran beside the raw one "
-    "over the same window: they agree with these shares within sampling noise, not sample for sample",
+    "the flame graph and the speedscope file are py-spy's own, recorded together in a second window just "
+    "after the raw stacks', same load (one recorder over the shares' window stops the process least): they "
+    "agree with these shares within sampling noise, not sample for sample",
 ]
 
 
@@ -152,11 +159,13 @@ def summarize_recording(rec: PySpyRecording) -> EngineRow:
     """Shares of samples per category, from the raw stacks (py-spy wrote the pictures beside them)."""
     if rec.error is not None:
         return EngineRow(rec.r, rec.resident, 0, {}, None, None, rec.error)
-    stacks = read_collapsed(rec.raw_path)
-    counts = classify_samples(stacks)
+    counts = classify_samples(read_collapsed(rec.raw_path))
     total = counts.pop("total")
     shares = {c: (counts[c] / total if total else 0.0) for c in ENGINE_CATEGORIES}
-    return EngineRow(rec.r, rec.resident, total, shares, rec.svg_path.name, rec.speedscope_path.name)
+    return EngineRow(rec.r, rec.resident, total, shares,
+                     rec.svg_path.name if rec.svg_path.exists() else None,
+                     rec.speedscope_path.name if rec.speedscope_path.exists() else None,
+                     picture_error="; ".join(rec.picture_errors) or None)
 
 
 def _engine_spec_for(profile, r_max: int, settings: EngineProfileSettings, model_path: str):
@@ -237,6 +246,8 @@ def record_engine(profile, settings: EngineProfileSettings, out_dir: Path, *, en
     for row in rows:
         if row.error:
             warnings.append(f"R={row.r}: {row.error}")
+        if row.picture_error:
+            warnings.append(f"R={row.r}: {row.picture_error}")
         elif row.resident and row.resident.get("running", 0) + row.resident.get("waiting", 0) < 0.9 * row.r:
             warnings.append(f"R={row.r}: only {row.resident.get('running', 0) + row.resident.get('waiting', 0):.0f} "
                             f"requests were in the engine while recording")

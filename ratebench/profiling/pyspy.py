@@ -1,23 +1,26 @@
 """py-spy itself: can it attach here, which process is the EngineCore, the ``record`` command.
 
 py-spy 0.4 writes one format per ``record`` (``--format raw|flamegraph|speedscope``)
-and cannot convert one recording into another format afterwards. profile-scheduler
-needs three files per R: the raw collapsed stacks, which ratebench reads for the
-shares of the engine table, and the flame graph and the speedscope file, for people.
-It runs one recorder per format over the same window, started together
-(:data:`RECORDING_FORMATS`), rather than
+and cannot convert a recording into another format afterwards. profile-scheduler
+wants three files per R: the raw collapsed stacks, which ratebench reads for the
+shares of the engine table, and py-spy's flame graph and speedscope file, for
+people. It records two windows one after the other under the same load
+(:data:`RECORDING_WINDOWS`): the raw stacks alone, then the flame graph and the
+speedscope file side by side. Why not the alternatives:
 
-- one raw recording and files of its own made from it: two writers to keep up
-  with formats py-spy already writes, better (py-spy's flame graph is interactive:
-  search, zoom), or
-- one recording per format one after another: three times the recording time per
-  R, and pictures of a different window from the one the table counts.
+- All three recorders over one window: py-spy stops the process for every sample,
+  so three recorders stop it three times as often, and the stops bias the shares
+  (the worker computes on while the EngineCore is stopped, so ``model wait``
+  shrinks). ``benchmarks/py_spy_formats.py`` on this 2-core machine, 100 Hz per
+  recorder, a busy Python loop: 1.8 % of the window lost with no recorder, 4.0 %
+  with the raw one, 7.6 % with all three (medians of 7 rounds, others' jobs
+  running). The table's window keeps one recorder.
+- One raw recording and files of our own made from it: two writers to keep up
+  with formats py-spy writes better (its flame graph is interactive: search,
+  zoom); what they saved is one window per R (``--duration-s``, 4 s by default).
 
-The price: py-spy pauses the process for every sample, so three recorders pause
-the EngineCore three times as often as one. ``benchmarks/py_spy_formats.py``
-measures what that costs a busy Python loop; docs/profile-scheduler.md gives the
-figure. The three files are of the same window but not the same samples: the
-pictures agree with the table within sampling noise, not to the sample.
+So the pictures are of the window just after the table's, with the same streams
+resident: they agree with the table within sampling noise, not sample for sample.
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from pathlib import Path
 # vLLM names its engine process so (setproctitle).
 ENGINE_CORE_TITLES = ("VLLM::EngineCore", "EngineCore")
 
-# What one recording of the EngineCore writes: py-spy format -> file suffix (R<r><suffix>).
+# The files of one R: py-spy format -> file suffix (R<r><suffix>).
 RECORDING_FORMATS = {"raw": ".raw.txt", "flamegraph": ".svg", "speedscope": ".speedscope.json"}
+# The formats recorded together, window after window: the stacks the table counts alone, then
+# the two pictures.
+RECORDING_WINDOWS = (("raw",), ("flamegraph", "speedscope"))
 
 
 def ptrace_problem() -> str | None:

@@ -50,7 +50,7 @@ def engine_table(report: EngineReport):
             continue
         table.add_row(str(row.r), f"{row.resident.get('running', 0):.0f}", f"{row.resident.get('waiting', 0):.0f}",
                       str(row.samples), *(f"{100 * row.shares[c]:.1f} %" for c in ENGINE_CATEGORIES),
-                      f"engine/{row.svg}")
+                      f"engine/{row.svg}" if row.svg else "-")
     return table
 
 
