@@ -41,7 +41,8 @@ class RemoteProtocolError(HTTPStreamError):
 
 class BodyReader(Protocol):
     def feed(self, data: bytes, t_ns: int) -> bool:
-        """Take body bytes that arrived at ``t_ns``; True: the driver needs no more (done or closing)."""
+        """Take body bytes that arrived at ``t_ns``; True: the driver needs no more (done or closing);
+        the rest of the body (after a done) is read and dropped."""
 
     @property
     def closing(self) -> bool:
@@ -190,7 +191,9 @@ class _Connection(asyncio.Protocol):
             self.reader = None
             if reader.closing:
                 self._close()
-            self._resolve()
+                self._resolve()
+            # else ([DONE]) the answer is complete when the body ends, right after: then the
+            # connection is free again before the caller sends its next request on the pool
 
     def _body_done(self) -> None:
         self._resolve()
