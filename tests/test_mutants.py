@@ -26,7 +26,9 @@ from mutants.broken import (
     HalfRate,
     NeverThrottle,
     NoRefund,
+    NoClaims,
     NoWaitingPreemption,
+    QueueWaitsAtFullCap,
     RollingWindow1s,
     ThrottledCountActive,
 )
@@ -113,13 +115,27 @@ def kv_isolation() -> Workload:
               kind="isolation"),
         Phase("shared", [Stream("user-a", 20, prompt_len=100) for _ in range(8)]
               + [Stream("user-b", 50, prompt_len=32, start_s=0.3)],
-              backlogged={"user-a"}, role="shared", scenario="isolation", kind="isolation"),
+              backlogged={"user-a"}, role="shared", scenario="isolation", kind="isolation",
+              params={"stream_wait": ["user-a"]}),
     ], scheduler_kw=dict(num_blocks=58, block_size=16, max_num_seqs=16))
+
+
+def active_places() -> Workload:
+    """No limit binds; 2 active places of 16. cap-equal: 6 users with 2 streams each at once, 10 of
+    the 12 queued at first. cap-high: the 6 users with one stream each, then cap-high's 2 streams."""
+    users = [f"cap-{i:02d}" for i in range(6)]
+    fast = {u: 100_000 for u in [*users, "cap-high"]}
+    return Workload(default_tps=100, user_tps=fast, phases=[
+        Phase("cap-equal", [Stream(u, 100) for u in users for _ in range(2)], scenario="active-cap-fairness",
+              kind="active-cap-fairness", params={"place_share": True}),
+        Phase("cap-high", [Stream(u, 100) for u in users] + [Stream("cap-high", 100, start_s=0.2) for _ in range(2)],
+              scenario="active-cap-fairness", kind="active-cap-fairness", params={"place_share": True}),
+    ], scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=2))
 
 
 # the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
-                                     long_prompt_closed_loop)}
+                                     long_prompt_closed_loop, active_places)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation}
 
 
@@ -416,3 +432,27 @@ def test_a_neighbours_first_token_is_on_time_under_kv_pressure_from_parked_reque
 def test_a_throttled_users_streams_keep_turns_under_kv_pressure(judged):
     _, verdict = judged("kv_isolation")
     assert verdict.passed, verdict.summary()
+
+
+@SYNC_AND_ASYNC
+def test_queued_users_left_without_places_fail_place_share(judged, async_scheduling):
+    """While running is exactly full, the queue waits (the patch before its head took a turn at a full
+    cap): the first users in take both places until their answers end. place-share names a user left
+    out in each phase; nothing else fails."""
+    _, verdict = judged("active_places", QueueWaitsAtFullCap, async_scheduling=async_scheduling)
+    failed = failures(verdict)
+    assert {phase for name, phase, _ in failed if name == "place-share"} == {"cap-equal", "cap-high"}, \
+        verdict.summary()
+    assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
+    share = [c for c in verdict.checks if c.name == "place-share" and c.phase == "cap-equal"][0]
+    assert share.figure < 0.2
+    assert_correct_passes(judged, "active_places", async_scheduling)
+
+
+def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_wait(judged):
+    """Under KV pressure user-a's streams are preempted for user-b; without a claim on the user's
+    turns, the preempted stream waits while its siblings keep the budget."""
+    _, verdict = judged("kv_isolation", NoClaims)
+    failed = {name for name, phase, user in failures(verdict) if phase == "shared" and user == "user-a"}
+    assert failed & {"stream-fairness", "stream-wait"}, verdict.summary()
+    assert failed <= {"stream-fairness", "stream-wait"}, verdict.summary()

@@ -273,3 +273,42 @@ MUTANTS: dict[str, type[Mutant]] = {
               NeverThrottle, HalfRate, NoWaitingPreemption, ClumpedRelease, LateReady, ChargesAnotherUser,
               ChargesPromptTokens)
 }
+
+
+
+class QueueWaitsAtFullCap(Mutant):
+    """The active places go round the users only once running holds more requests than places;
+    while running is exactly full, the queue waits for a running request to end (upstream's
+    admission, and the patch before the queue's head took its turn at a full cap). Users whose
+    streams all queued behind others' get no place until those end."""
+
+    name = "queue-waits-at-full-cap"
+
+    def apply(self, scheduler) -> None:
+        from vllm.v1.core.sched.request_queue import create_request_queue
+
+        schedule = scheduler.schedule
+
+        def schedule_without_the_queue(*args, **kwargs):
+            if len(scheduler.running) != scheduler.max_num_active_reqs or not scheduler.waiting:
+                return schedule(*args, **kwargs)
+            # the step sees an empty queue; requests preempted during it go back in front
+            queue, scheduler.waiting = scheduler.waiting, create_request_queue(scheduler.policy)
+            try:
+                return schedule(*args, **kwargs)
+            finally:
+                preempted, scheduler.waiting = scheduler.waiting, queue
+                if preempted:
+                    queue.prepend_requests(preempted)
+
+        scheduler.schedule = schedule_without_the_queue
+
+
+class NoClaims(Mutant):
+    """A stream preempted for a neighbour's KV loses its turn: its siblings holding KV keep spending
+    the user's budget while it waits in the queue (the patch before preempted streams kept claims)."""
+
+    name = "no-claims"
+
+    def apply(self, scheduler) -> None:
+        scheduler._advance_output_rate_claims = lambda *args, **kwargs: None

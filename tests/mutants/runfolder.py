@@ -72,6 +72,7 @@ class Phase:
     scenario: str = "mutants"
     kind: str = "seed-experiment"
     max_s: float = 60.0  # give up (and fail loudly) after this much fake time
+    params: dict = field(default_factory=dict)  # more of scenarios.json's params (place_share, stream_wait)
 
 
 @dataclass
@@ -259,7 +260,8 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
             "users": {u: {"limit_tps": workload.limit_of(u), "streams": sum(s.user == u for s in phase.streams),
                           "backlogged": u in phase.backlogged} for u in users},
             "params": {"max_tokens": max(s.max_tokens for s in phase.streams), "ignore_eos": True,
-                       "prompt_tokens": max(s.prompt_len for s in phase.streams), "harness": True},
+                       "prompt_tokens": max(s.prompt_len for s in phase.streams), "harness": True,
+                       **phase.params},
         })
         clock.advance_s(workload.idle_s)
         assert not scheduler.has_unfinished_requests()
