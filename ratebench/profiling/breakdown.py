@@ -30,6 +30,7 @@ from ratebench.profiling.samples import FRAME, read_collapsed
 # The microbenchmark variants profile-scheduler --breakdown looks into (the feature on).
 BREAKDOWN_VARIANTS = tuple(v for v in VARIANTS if v != VARIANT_OFF)
 
+
 # The patch's code: every function of output_rate.py and every scheduler method with
 # "output_rate" in its name (the patch names its code so; the names change as it does).
 def is_patch_function(name: str, file: str) -> bool:

@@ -56,7 +56,6 @@ class EngineProfileSettings:
         return asdict(self)
 
 
-
 @dataclass
 class PySpyRecording:
     r: int

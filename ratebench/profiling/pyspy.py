@@ -100,7 +100,6 @@ def find_engine_core(pid: int) -> int | None:
     return None
 
 
-
 def py_spy_command(pid: int, output: Path, duration_s: float, rate_hz: int, *, fmt: str = "raw",
                    by_function: bool = True, idle: bool = True) -> list[str]:
     """``py-spy record`` of one process into ``output`` in format ``fmt`` (raw: collapsed

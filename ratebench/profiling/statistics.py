@@ -21,6 +21,7 @@ from ratebench.profiling.microbench import (
 # A spread (IQR / median) above this makes a figure a warning, not a result.
 LARGE_SPREAD = 0.10
 
+
 @dataclass
 class Spread:
     """Median, quartiles and range of a few repeated figures."""
