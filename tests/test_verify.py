@@ -236,3 +236,13 @@ def test_the_new_thresholds_are_options_and_reach_the_verdict(tmp_path):
     assert verify_cli(run, "--spacing-slack-ms", "7.5", "--wait-cpu-max", "0.3", "--wake-max-ms", "12").exit_code == 0
     th = json.loads((run / "verdict.json").read_text())["thresholds"]
     assert (th["spacing_slack_ns"], th["wait_cpu_max"], th["wake_max_ms"]) == (7_500_000, 0.3, 12.0)
+
+
+def test_the_pressure_thresholds_are_options_and_reach_the_verdict(tmp_path):
+    run = one_phase_run(tmp_path / "run")
+    result = verify_cli(run, "--stream-wait-factor", "2.5", "--stream-wait-slack-ms", "250", "--place-share-min",
+                        "0.6", "--place-jain-min", "0.85")
+    assert result.exit_code == 0, result.output
+    th = json.loads((run / "verdict.json").read_text())["thresholds"]
+    assert (th["stream_wait_factor"], th["stream_wait_slack_ns"], th["place_share_min"], th["place_jain_min"]) == \
+        (2.5, 250_000_000, 0.6, 0.85)

@@ -39,6 +39,13 @@ _OPT_WAIT_CPU = typer.Option("--wait-cpu-max", help="EngineCore CPUs spent while
                                                      "engine and its steps cost")
 _OPT_WAKE = typer.Option("--wake-max-ms", help="a waiting engine's added p50 time to first token of a new request, "
                                                 "and p50 abort latency")
+_OPT_STREAM_WAIT = typer.Option("--stream-wait-factor", help="a throttled user's stream waits at most this x "
+                                                                "streams / limit + --stream-wait-slack-ms for a token")
+_OPT_STREAM_WAIT_SLACK = typer.Option("--stream-wait-slack-ms", help="added to the allowed longest stream wait")
+_OPT_PLACE_SHARE = typer.Option("--place-share-min", help="with more streams than active places, every user's rate "
+                                                           "at least this x its max-min fair share")
+_OPT_PLACE_JAIN = typer.Option("--place-jain-min", help="Jain's index of the users' rates / fair shares of the "
+                                                         "active places")
 _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
                                                          "(default: the longest engine step measured)")
 
@@ -47,7 +54,8 @@ def thresholds(*, delivery_min: float, isolation_min: float, isolation_gap_max: 
                isolation_ttft_factor: float, isolation_ttft_slack_ms: float, max_overhead: float | None,
                max_event_overhead: float | None, cancel_max_steps: int, stream_spread_max: int, jain_min: float,
                emit_tolerance_ms: float | None, spacing_slack_ms: float, wait_cpu_max: float,
-               wake_max_ms: float) -> Thresholds:
+               wake_max_ms: float, stream_wait_factor: float = 2.0, stream_wait_slack_ms: float = 300.0,
+               place_share_min: float = 0.5, place_jain_min: float = 0.9) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -56,7 +64,9 @@ def thresholds(*, delivery_min: float, isolation_min: float, isolation_gap_max: 
                       cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                       emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6),
                       spacing_slack_ns=round(spacing_slack_ms * 1e6), wait_cpu_max=wait_cpu_max,
-                      wake_max_ms=wake_max_ms)
+                      wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
+                      stream_wait_slack_ns=round(stream_wait_slack_ms * 1e6), place_share_min=place_share_min,
+                      place_jain_min=place_jain_min)
 
 
 def verify_bound(
@@ -75,6 +85,10 @@ def verify_bound(
     spacing_slack_ms: Annotated[float, _OPT_SPACING] = 5.0,
     wait_cpu_max: Annotated[float, _OPT_WAIT_CPU] = 0.2,
     wake_max_ms: Annotated[float, _OPT_WAKE] = 10.0,
+    stream_wait_factor: Annotated[float, _OPT_STREAM_WAIT] = 2.0,
+    stream_wait_slack_ms: Annotated[float, _OPT_STREAM_WAIT_SLACK] = 300.0,
+    place_share_min: Annotated[float, _OPT_PLACE_SHARE] = 0.5,
+    place_jain_min: Annotated[float, _OPT_PLACE_JAIN] = 0.9,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -92,7 +106,9 @@ def verify_bound(
                     max_overhead=max_overhead, max_event_overhead=max_event_overhead,
                     cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                     emit_tolerance_ms=emit_tolerance_ms, spacing_slack_ms=spacing_slack_ms,
-                    wait_cpu_max=wait_cpu_max, wake_max_ms=wake_max_ms)
+                    wait_cpu_max=wait_cpu_max, wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
+                    stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
+                    place_jain_min=place_jain_min)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:
