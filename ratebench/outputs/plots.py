@@ -117,24 +117,23 @@ def write_plots(run: RunData, verdict: Verdict, out_dir: str | Path, max_users: 
     return written
 
 
-def _phase_figure(path: Path, label: str, limited: list[UserPhaseSummary], others: list[UserPhaseSummary],
-                  series: dict[str, UserSeries], slack: dict[str, UserSlack]) -> Path:
-    rows = limited + others
-    t0 = min(int(x[0]) for s in series.values() for x in (s.dispatch_t_ns, s.emit_t_ns, s.client_t_ns) if len(x))
-    multi = [r for r in rows if r.streams > 1 and (len(series[r.user].dispatch_t_ns) or len(series[r.user].emit_t_ns))]
-    n = len(limited) + 1 + bool(multi)
+def _first_ns(series: dict[str, UserSeries]) -> int:
+    return min(int(x[0]) for s in series.values() for x in (s.dispatch_t_ns, s.emit_t_ns, s.client_t_ns) if len(x))
+
+
+def _grid(n: int):
+    """A figure of ``n`` panels, two a row: the figure, its axes in order."""
     cols = min(n, 2)
     nrows = -(-n // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(PANEL_W_IN * cols, PANEL_H_IN * nrows), squeeze=False)
-    flat = list(axes.flat)
-    for ax, r in zip(flat, limited):
-        _slack_panel(ax, r, slack[r.user], t0)
-    _gap_panel(flat[len(limited)], rows, series)
-    if multi:
-        r = max(multi, key=lambda r: r.streams)
-        _streams_panel(flat[len(limited) + 1], r, series[r.user], t0)
+    return fig, list(axes.flat)
+
+
+def _save(fig, flat: list, n: int, label: str, path: Path) -> Path:
+    """Hide the unused panels, title the figure, write it."""
     for ax in flat[n:]:
         ax.axis("off")
+    nrows = max(1, len(flat) // 2)  # two panels a row (one when there is one)
     fig.suptitle(label, fontsize=10, fontweight="bold")
     # fixed margins: tight_layout costs a second on a figure of many axes
     fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.55 / (PANEL_H_IN * nrows),
@@ -145,30 +144,35 @@ def _phase_figure(path: Path, label: str, limited: list[UserPhaseSummary], other
     return path
 
 
+def _phase_figure(path: Path, label: str, limited: list[UserPhaseSummary], others: list[UserPhaseSummary],
+                  series: dict[str, UserSeries], slack: dict[str, UserSlack]) -> Path:
+    rows = limited + others
+    t0 = _first_ns(series)
+    multi = [r for r in rows if r.streams > 1 and (len(series[r.user].dispatch_t_ns) or len(series[r.user].emit_t_ns))]
+    n = len(limited) + 1 + bool(multi)
+    fig, flat = _grid(n)
+    for ax, r in zip(flat, limited):
+        _slack_panel(ax, r, slack[r.user], t0)
+    _gap_panel(flat[len(limited)], rows, series)
+    if multi:
+        r = max(multi, key=lambda r: r.streams)
+        _streams_panel(flat[len(limited) + 1], r, series[r.user], t0)
+    return _save(fig, flat, n, label, path)
+
+
 def _tier_figure(path: Path, label: str, limited: list[UserPhaseSummary], tightest: list[UserPhaseSummary],
                  series: dict[str, UserSeries], slack: dict[str, UserSlack]) -> Path:
     """One chart per tier with the slack of each of its limited users, then the gaps of the tightest."""
     tiers: dict[str, list[UserPhaseSummary]] = {}
     for r in limited:  # worst first: each tier's first row is its worst
         tiers.setdefault(tier_of(r), []).append(r)
-    t0 = min(int(x[0]) for s in series.values() for x in (s.dispatch_t_ns, s.emit_t_ns, s.client_t_ns) if len(x))
+    t0 = _first_ns(series)
     n = len(tiers) + 1
-    cols = min(n, 2)
-    nrows = -(-n // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(PANEL_W_IN * cols, PANEL_H_IN * nrows), squeeze=False)
-    flat = list(axes.flat)
+    fig, flat = _grid(n)
     for ax, (tier, members) in zip(flat, tiers.items()):
         _tier_panel(ax, tier, members, slack, t0)
     _gap_panel(flat[len(tiers)], tightest, series)
-    for ax in flat[n:]:
-        ax.axis("off")
-    fig.suptitle(label, fontsize=10, fontweight="bold")
-    fig.subplots_adjust(left=0.07, right=0.98, top=1 - 0.55 / (PANEL_H_IN * nrows),
-                        bottom=1.1 / (PANEL_H_IN * nrows), wspace=0.2, hspace=0.8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save(fig, flat, n, label, path)
 
 
 def _tier_panel(ax, tier: str, members: list[UserPhaseSummary], slack: dict[str, UserSlack], t0: int) -> None:
