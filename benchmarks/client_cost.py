@@ -47,12 +47,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# a child measuring another checkout's client (--before) imports ratebench from there
+sys.path.insert(0, os.environ.get("CLIENT_COST_RATEBENCH_ROOT") or str(ROOT))
 
 MAX_TOKENS = 128
 PROMPT_TOKENS = 16
 USER = "bulk"
 CLIENTS = ("ratebench", "peer")
+BEFORE = "before"  # ratebench's client from another checkout (--before), run like "ratebench"
 
 
 def prompt_ids(i: int) -> list[int]:
@@ -153,7 +155,7 @@ async def run_peer(endpoint: str, model: str, streams: int, requests: int) -> di
 
 
 def child(args: argparse.Namespace) -> None:
-    fn = run_ratebench if args.client == "ratebench" else run_peer
+    fn = run_peer if args.client == "peer" else run_ratebench
     result = asyncio.run(fn(args.endpoint, args.model, args.streams_one, args.requests))
     print(json.dumps(result))
 
@@ -207,10 +209,14 @@ def start_patched_engine(max_num_seqs: int, folder: Path):
 
 # --- the comparison ------------------------------------------------------------------------------------------
 
-def run_client(name: str, endpoint: str, model: str, streams: int, requests: int) -> dict:
+def run_client(name: str, endpoint: str, model: str, streams: int, requests: int, before: Path | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("CLIENT_COST_RATEBENCH_ROOT", None)
+    if name == BEFORE:
+        env["CLIENT_COST_RATEBENCH_ROOT"] = str(before)
     out = subprocess.run([sys.executable, __file__, "--client", name, "--endpoint", endpoint, "--model", model,
                           "--streams-one", str(streams), "--requests", str(requests)],
-                         capture_output=True, text=True, check=False)
+                         capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         raise SystemExit(f"{name} client failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -220,16 +226,18 @@ def spread(values: list[float], fmt: str = "{:.0f}") -> str:
     return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
 
 
-def compare(endpoint: str, model: str, stream_counts: list[int], rounds: int, per_stream: int) -> list[dict]:
+def compare(endpoint: str, model: str, stream_counts: list[int], rounds: int, per_stream: int,
+            before: Path | None = None) -> list[dict]:
     # warm-up: the server's first requests (and the machine's caches) belong to no round
     run_client("peer", endpoint, model, min(stream_counts), min(stream_counts))
     rows = []
     for n in stream_counts:
         requests = max(per_stream * n, 64)
         for k in range(rounds):
-            order = CLIENTS if k % 2 == 0 else CLIENTS[::-1]
+            clients = CLIENTS + ((BEFORE,) if before else ())
+            order = clients[k % len(clients):] + clients[:k % len(clients)]  # rotating
             for name in order:
-                r = run_client(name, endpoint, model, n, requests)
+                r = run_client(name, endpoint, model, n, requests, before)
                 r.update(client=name, streams=n, round=k, requests=requests,
                          cpu_ms_per_1k=1e6 * r["cpu_s"] / max(r["tokens"], 1), tps=r["tokens"] / r["span_s"])
                 rows.append(r)
@@ -240,12 +248,13 @@ def compare(endpoint: str, model: str, stream_counts: list[int], rounds: int, pe
     return rows
 
 
-def summarize(rows: list[dict], stream_counts: list[int]) -> None:
+def summarize(rows: list[dict], stream_counts: list[int], title: str = "ratebench") -> None:
     print()
-    print("streams | CPU ms / 1k tokens: ratebench   peer        ratio      | server tok/s: ratebench     peer"
+    print(f"{title}:")
+    print(f"streams | CPU ms / 1k tokens: {title:<9}   peer        ratio      | server tok/s: {title:<9}     peer"
           "          ratio      | ratebench loop lag p99 ms, max ms | timestamps")
     for n in stream_counts:
-        rb = [r for r in rows if r["streams"] == n and r["client"] == "ratebench"]
+        rb = [r for r in rows if r["streams"] == n and r["client"] == title]
         pe = [r for r in rows if r["streams"] == n and r["client"] == "peer"]
         cpu_ratio = [a["cpu_ms_per_1k"] / b["cpu_ms_per_1k"] for a, b in zip(rb, pe)]
         tps_ratio = [a["tps"] / b["tps"] for a, b in zip(rb, pe)]
@@ -269,8 +278,10 @@ def main() -> None:
     ap.add_argument("--endpoint", help="a running server (not started here)")
     ap.add_argument("--model", default="tiny-qwen3", help="the served model name (with --endpoint)")
     ap.add_argument("--json", type=Path, help="write every round here")
+    ap.add_argument("--before", type=Path, help="a third client, interleaved: ratebench's client of another "
+                    "checkout (its folder holding ratebench/, e.g. `git archive COMMIT ratebench | tar -x -C DIR`)")
     # a child: one client, one workload
-    ap.add_argument("--client", choices=CLIENTS, help=argparse.SUPPRESS)
+    ap.add_argument("--client", choices=CLIENTS + (BEFORE,), help=argparse.SUPPRESS)
     ap.add_argument("--streams-one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--requests", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -297,11 +308,13 @@ def main() -> None:
         setting["server"] = "cpu-tiny patched-sync " + " ".join(spec.all_flags()[4:])
     print(f"server: {setting['server']}", flush=True)
     try:
-        rows = compare(endpoint, model, stream_counts, args.rounds, args.per_stream)
+        rows = compare(endpoint, model, stream_counts, args.rounds, args.per_stream, args.before)
     finally:
         if stop is not None:
             stop()
     summarize(rows, stream_counts)
+    if args.before:
+        summarize(rows, stream_counts, title=BEFORE)
     if args.json:
         args.json.write_text(json.dumps({"setting": setting, "rounds": rows}, indent=1))
 
