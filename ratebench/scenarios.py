@@ -118,6 +118,7 @@ class ScenarioContext:
                 record.params.update(await extra())
         finally:
             record.end_ns = time.monotonic_ns()
+            record.params["client_loop_lag"] = self.driver.last_loop_lag  # how late the driver's loop read bytes
             for user in users:
                 self.driver.user_last_phase_end_ns[(engine.endpoint, user)] = record.end_ns
             if cpu_before is not None:
