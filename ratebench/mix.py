@@ -1,13 +1,15 @@
 """A seeded synthetic population: the ``mix`` scenario's requests, made as a trace.
 
 Users come in tiers (``<tier>-00``, ``<tier>-01``, ... at the tier's limit), plus anonymous
-requests; arrivals are open loop (Poisson or evenly spaced at a rate per user), all at once
-for a tier marked ``burst``, or a closed loop for a tier with ``arrival = "closed"`` (each user
-keeps ``streams`` requests open, sending the next ``think_s`` after one ends, ``requests`` in
-all; the driver starts them, see ``TraceRequest.loop_streams``); prompt and output lengths are fixed, uniform or lognormal;
-a fraction may end at a real EOS, a fraction is cancelled, a fraction shares a prefix, a
-fraction goes to the chat API. :func:`mix_requests` is a pure function of the parameters and
-the seed; the scenario then replays its result like a trace (``ratebench.trace``).
+requests. Arrivals are open loop (Poisson or evenly spaced, at a rate per user or, with
+``tier_rate``, for the whole tier, each arrival then from one of its users at random), all at
+once for a tier marked ``burst``, or a closed loop for a tier with ``arrival = "closed"`` (each
+user keeps ``streams`` requests open, sending the next ``think_s`` after one ends, ``requests``
+in all; the driver starts them, see ``TraceRequest.loop_streams``). Prompt and output lengths
+are fixed, uniform or lognormal; a fraction may end at a real EOS, a fraction is cancelled, a
+fraction shares a prefix, a fraction goes to the chat API. :func:`mix_requests` is a pure
+function of the parameters and the seed; the scenario then replays its result like a trace
+(``ratebench.trace``).
 """
 
 from __future__ import annotations
@@ -72,7 +74,14 @@ def mix_requests(p: dict[str, Any]) -> list[TraceRequest]:
     senders: list[tuple[str | None, list[float], int | None]] = []
     for tier in p["tiers"]:
         arrival = tier.get("arrival", p["arrivals"])
-        for user in tier_users(tier):
+        users = tier_users(tier)
+        if tier.get("tier_rate") is not None:  # the tier's arrivals, each from one of its users at random
+            by_user: dict[str, list[float]] = {u: [] for u in users}
+            for at in _arrivals(rng, tier["tier_rate"], p["duration_s"], arrival):
+                by_user[rng.choice(users)].append(at)
+            senders.extend((u, by_user[u], None) for u in users)
+            continue
+        for user in users:
             if arrival == CLOSED:  # at_s: the think time after one of the user's requests ends
                 senders.append((user, [tier.get("think_s", 0)] * tier["requests"], tier.get("streams", 1)))
                 continue

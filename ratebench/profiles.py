@@ -61,7 +61,7 @@ the file is read and checked when the profile loads, its mistakes named by line:
 
 A ``mix`` scenario makes its requests from a seed (``ratebench/mix.py``; its
 parameters in ``docs/trace.md``): tiers of users, given in ``[[scenarios.tiers]]``
-tables (``name``, ``users``, ``limit_tps``, ``rate`` or ``burst``, or ``arrival = "closed"``
+tables (``name``, ``users``, ``limit_tps``, ``rate``, ``tier_rate`` or ``burst``, or ``arrival = "closed"``
 with ``streams``, ``requests``, ``think_s``, ``backlogged``), are named
 ``<name>-00``, ``<name>-01``, ... and take the tier's limit as if declared in
 ``[limits.users]``; those names must not be declared there.
@@ -345,7 +345,8 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "seed": ("nonneg_int", 0),
         "duration_s": ("pos_num", 10.0),  # arrivals within [0, duration_s)
         "arrivals": ("arrivals", "poisson"),
-        # each: name, users, limit_tps, arrival; rate (per user per s), burst, burst_requests; or, with
+        # each: name, users, limit_tps, arrival; rate (per user per s) or tier_rate (the tier's), burst,
+        # burst_requests; or, with
         # arrival = "closed": streams (open per user), requests (per user), think_s, backlogged
         "tiers": ("tiers", REQUIRED),
         "anonymous_rate": ("nonneg_num", 0),  # anonymous requests per second, in total
@@ -752,7 +753,8 @@ class _Validator:
         from ratebench.mix import CLOSED, TIER_ARRIVALS, mix_requests, tier_users
 
         names: set[str] = set()
-        open_keys, closed_keys = ("rate", "burst", "burst_requests"), ("streams", "requests", "think_s", "backlogged")
+        open_keys = ("rate", "tier_rate", "burst", "burst_requests")
+        closed_keys = ("streams", "requests", "think_s", "backlogged")
         tier_keys = {"name", "users", "limit_tps", "arrival", *open_keys, *closed_keys}
         for i, tier in enumerate(p["tiers"]):
             at = f"{where}.tiers[{i}]"
@@ -786,7 +788,12 @@ class _Validator:
                         raise ProfileError(self.path, f"{at}.{key}", 'arrival = "closed" with it (an open-loop user '
                                            "sends at its rate or in a burst)", has_got=False)
                 burst = self.get(tier, at, "burst", "bool", False)
-                self.get(tier, at, "rate", "nonneg_num", None if burst else REQUIRED)
+                if "tier_rate" in tier and (burst or "rate" in tier):
+                    raise ProfileError(self.path, f"{at}.tier_rate", "a tier with neither rate (per user) nor burst "
+                                       "(tier_rate is the requests per second of the whole tier): keep one of them",
+                                       tier["tier_rate"])
+                self.get(tier, at, "tier_rate", "nonneg_num", None)
+                self.get(tier, at, "rate", "nonneg_num", None if burst or "tier_rate" in tier else REQUIRED)
                 self.get(tier, at, "burst_requests", "pos_int", 1)
                 if not burst and tier.get("burst_requests") is not None:
                     raise ProfileError(self.path, f"{at}.burst_requests", "burst = true with it", has_got=False)

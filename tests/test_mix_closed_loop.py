@@ -142,3 +142,22 @@ def test_an_open_tier_may_take_its_own_arrivals() -> None:
     reqs = mix_requests(p)
     gaps = {round(b.at_s - a.at_s, 3) for a, b in zip(reqs, reqs[1:])}
     assert gaps <= {0.2, 0.199, 0.201}
+
+
+def test_a_tier_rate_is_the_whole_tiers_arrivals_spread_over_its_users() -> None:
+    tiers = [{"name": "t", "users": 5, "tier_rate": 10.0}]
+    p = parse_profile(_data(tiers=tiers, anonymous_rate=0, duration_s=100), "my.toml").scenarios[0].params
+    reqs = mix_requests(p)
+    assert 900 <= len(reqs) <= 1100 and [r.at_s for r in reqs] == sorted(r.at_s for r in reqs)
+    per_user = [sum(1 for r in reqs if r.user == f"t-0{i}") for i in range(5)]
+    assert all(abs(n - len(reqs) / 5) < 0.25 * len(reqs) / 5 for n in per_user)
+
+
+@pytest.mark.parametrize("tier, key, expected", [
+    ({"rate": 1.0, "tier_rate": 2.0}, "tier_rate", "neither rate (per user) nor burst"),
+    ({"burst": True, "tier_rate": 2.0}, "tier_rate", "neither rate (per user) nor burst"),
+    ({"tier_rate": -1}, "tier_rate", "a number >= 0"),
+    ({"arrival": "closed", "requests": 2, "tier_rate": 1.0}, "tier_rate", 'no rate nor burst with arrival = "closed"'),
+])
+def test_a_malformed_tier_rate_is_refused(tier: dict, key: str, expected: str) -> None:
+    _refused(_data(tiers=[{"name": "t", "users": 2, **tier}]), f"{_T0}.{key}", expected)
