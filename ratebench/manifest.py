@@ -58,6 +58,22 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+def vllm_and_patch() -> tuple[str | None, str | None]:
+    """(the installed vLLM's version, the patch series' sha256), None for what cannot be read
+    (reported as unknown; whoever needs it decides)."""
+    from ratebench import patching
+
+    try:
+        vllm_version = patching.installed_vllm_version()
+    except Exception:  # noqa: BLE001
+        vllm_version = None
+    try:
+        patch_hash = patching.patch_sha256()
+    except Exception:  # noqa: BLE001
+        patch_hash = None
+    return vllm_version, patch_hash
+
+
 class Manifest:
     """``manifest.json`` (:attr:`data`) and the phases of ``scenarios.json`` of one run folder."""
 
@@ -71,16 +87,7 @@ class Manifest:
 
     def start(self, profile: Profile, run_id: str, *, endpoint: str | None, use_patch: bool) -> None:
         """The manifest of a run that has just started (state ``running``), written."""
-        from ratebench import patching
-
-        try:
-            vllm_version = patching.installed_vllm_version()
-        except Exception:  # noqa: BLE001 - reported as unknown, the run decides later
-            vllm_version = None
-        try:
-            patch_hash = patching.patch_sha256() if use_patch else None
-        except Exception:  # noqa: BLE001
-            patch_hash = None
+        vllm_version, patch_hash = vllm_and_patch()
         self.data = {
             "ratebench_version": __version__,
             "run_id": run_id,
@@ -95,7 +102,7 @@ class Manifest:
             "git_commit": git_commit(),
             "python": platform.python_version(),
             "vllm_version": vllm_version,
-            "patch_sha256": patch_hash,
+            "patch_sha256": patch_hash if use_patch else None,
             "machine": machine_info(),
             "endpoint": endpoint,
             "model_path": None,

