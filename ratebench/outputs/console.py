@@ -127,7 +127,8 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
         for name in chunk:
             table.add_column(name.replace("-", " "), justify="right", min_width=_check_width(name, lines))
         for line in lines:
-            cells = [str(len(line.users)), _limits(line), str(line.streamed_tokens), results[id(line)]] if i == 0 else []
+            cells = ([str(len(line.users)), _limits(line), str(line.streamed_tokens), results[id(line)]]
+                     if i == 0 else [])
             table.add_row(escape(line.phase), escape(line.tier), *cells,
                           *(_worst_cell(line.worst.get(name), len(line.users) == 1) for name in chunk))
         tables.append(table)

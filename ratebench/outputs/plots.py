@@ -193,7 +193,8 @@ def _tier_panel(ax, tier: str, members: list[UserPhaseSummary], slack: dict[str,
     ax.axhline(0, color="black", lw=0.8)
     limits = sorted({r.limit_tps for r in members})
     failed = sum(not r.passed for r in members)
-    ax.set_title(f"tier {tier}: {len(members)} user{'s' if len(members) != 1 else ''} at {'/'.join(map(str, limits))} tok/s"
+    users = f"{len(members)} user{'s' if len(members) != 1 else ''}"
+    ax.set_title(f"tier {tier}: {users} at {'/'.join(map(str, limits))} tok/s"
                  f"{f', {failed} FAIL' if failed else ''}", fontsize=9, color=UPPER if failed else "black")
     ax.set_xlabel("s since the phase's first token", fontsize=8)
     ax.set_ylabel("tokens to spare (< 0: broken)", fontsize=8)
