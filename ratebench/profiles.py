@@ -304,6 +304,9 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
     "kv-pressure": {
         "throttled_user": ("user", REQUIRED),
         "throttled_streams": ("pos_int", 6),
+        # instead of throttled_streams: as many streams as fill this fraction of the engine's KV cache
+        # (its size read from /metrics when the phase starts), at least 2
+        "kv_fill": ("fraction", None),
         "user": ("user", REQUIRED),
         "requests": ("pos_int", 6),  # the user's requests, one every interval_s after lead_s
         "interval_s": ("pos_num", 0.8),

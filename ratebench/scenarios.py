@@ -564,8 +564,19 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
     async def shared(ctx: ScenarioContext, engine: EngineRef) -> None:
         salt = _salt(ctx, engine, "kv-shared")
         throttled_tokens = ctx.room_tokens(p["prompt_tokens"])
-        reqs = await _streams(ctx, engine, throttled, p["throttled_streams"], throttled_tokens, salt + " t",
-                              background=True)
+        streams, sizing = p["throttled_streams"], {}
+        if p["kv_fill"] is not None:
+            capacity = (await engine_metrics(engine.endpoint)).get("kv_cache_tokens")
+            if capacity is None:
+                raise WorkloadError(f"{engine.name}: /metrics gives no vllm:cache_config_info to size kv_fill from; "
+                                    "set throttled_streams instead")
+            # each stream holds its prompt and the tokens it gets over the phase (its share of the budget)
+            span_s = p["lead_s"] + p["requests"] * p["interval_s"] + 2.0
+            streams = max(2, int(p["kv_fill"] * capacity // p["prompt_tokens"]))
+            held = p["prompt_tokens"] + -(-int(span_s * (ctx.limit_of(engine, throttled) or 0)) // streams)
+            streams = max(2, int(p["kv_fill"] * capacity // held))
+            sizing = {"kv_cache_tokens": int(capacity), "throttled_streams": streams}
+        reqs = await _streams(ctx, engine, throttled, streams, throttled_tokens, salt + " t", background=True)
         reqs += await user_requests(ctx, engine, salt + " u", p["lead_s"], first_index=p["throttled_streams"])
         before = await engine_metrics(engine.endpoint)
         seen: dict[str, float] = {}
@@ -582,9 +593,9 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
 
         try:
             await ctx.phase(engine, "kv-shared", reqs, {
-                throttled: {"streams": p["throttled_streams"], "backlogged": True},
+                throttled: {"streams": streams, "backlogged": True},
                 user: {"streams": user_streams, "backlogged": False},
-            }, role="shared", params={"throttled_max_tokens": throttled_tokens, "stream_wait": [throttled]},
+            }, role="shared", params={"throttled_max_tokens": throttled_tokens, "stream_wait": [throttled], **sizing},
                 extra=figures)
         finally:
             sampler.cancel()
@@ -806,19 +817,33 @@ def eos_token_id(model_dir: Path | None) -> int:
 
 
 _GAUGE_RE = re.compile(r"^vllm:(num_preemptions|kv_cache_usage_perc)(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+_CACHE_INFO_RE = re.compile(r"^vllm:cache_config_info\{([^}]*)\}", re.M)
+_LABEL_RE = re.compile(r'(\w+)="([^"]*)"')
 
 
 async def engine_metrics(endpoint: str) -> dict[str, float]:
-    """The engine's preemptions so far and its KV cache use now (a fraction), from /metrics;
-    empty when not exported or not reachable."""
+    """The engine's preemptions so far, its KV cache use now (a fraction) and its KV cache size in
+    tokens (``kv_cache_tokens``), from /metrics; empty when not exported or not reachable."""
     try:
         async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
             r = await client.get(f"{endpoint}/metrics")
     except httpx.HTTPError:
         return {}
+    return parse_engine_metrics(r.text)
+
+
+def parse_engine_metrics(text: str) -> dict[str, float]:
+    """:func:`engine_metrics` from the text of /metrics."""
     out: dict[str, float] = {}
-    for name, value in _GAUGE_RE.findall(r.text):
+    for name, value in _GAUGE_RE.findall(text):
         out[name] = out.get(name, 0.0) + float(value)
+    info = _CACHE_INFO_RE.search(text)
+    if info:
+        labels = dict(_LABEL_RE.findall(info.group(1)))
+        try:
+            out["kv_cache_tokens"] = float(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
+        except (KeyError, ValueError):
+            pass
     return out
 
 

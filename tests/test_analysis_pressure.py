@@ -155,3 +155,17 @@ def test_phases_without_the_params_have_no_pressure_figures(tmp_path):
     run = load_run(run_dir)
     assert place_shares(run, run.phases[0]) is None
     assert stream_waits(run, run.phases[0]) == []
+
+
+def test_engine_metrics_read_preemptions_kv_use_and_size():
+    from ratebench.scenarios import parse_engine_metrics
+
+    text = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="tiny-qwen3"} 5.0
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny-qwen3"} 0.9647
+vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",num_gpu_blocks="256"} 1.0
+"""
+    assert parse_engine_metrics(text) == {"num_preemptions": 5.0, "kv_cache_usage_perc": 0.9647,
+                                          "kv_cache_tokens": 8192.0}
+    assert parse_engine_metrics("") == {}
