@@ -5,9 +5,10 @@
 1. **Under a real engine** (:func:`record_engine`): the patched engine of a profile
    with ``--max-num-seqs`` raised to the largest R, a load that keeps R requests
    resident, most of them throttled, and ``py-spy record`` on the EngineCore
-   process for a few seconds per R. Writes ``engine/R<r>.svg`` (flame graph) and
-   ``engine/R<r>.speedscope.json`` per R, and the share of samples in
-   ``Scheduler.schedule``, the limiter, the rotation and ``update_from_output``.
+   process for a few seconds per R: raw stacks, counted into the shares of samples in
+   ``Scheduler.schedule``, the limiter, the rotation and ``update_from_output``; then,
+   in a second window, py-spy's own flame graph (``engine/R<r>.svg``) and speedscope
+   file (``engine/R<r>.speedscope.json``); :mod:`ratebench.profiling.pyspy` says why.
 2. **In-process microbenchmark** (:func:`run_microbench` measures;
    :func:`summarize_microbench` summarises): microseconds per ``schedule()`` call of
    the four variants, as ratios to the feature off, interleaved in rounds.
