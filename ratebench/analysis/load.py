@@ -38,11 +38,6 @@ class RunFolderError(Exception):
     """A run folder that cannot be verified: the message names the file and why."""
 
 
-# The reader's name for a scenarios.json entry before it became one type with the writer's
-# (ratebench.events.PhaseRecord); new code imports PhaseRecord.
-PhaseInfo = PhaseRecord
-
-
 @dataclass
 class EngineInfo:
     """One entry of manifest.json's engines."""
