@@ -59,7 +59,7 @@ BEFORE = "before"  # ratebench's client from another checkout (--before), run li
 
 def prompt_ids(i: int) -> list[int]:
     """16 token ids, unique per request (no prefix-cache hits between requests)."""
-    return [1000 + (i * 7 + k * 13) % 20000 for k in range(PROMPT_TOKENS)]
+    return [100 + (i * 7 + k * 13) % 1400 for k in range(PROMPT_TOKENS)]  # the tiny model has 1,560 ids
 
 
 # --- the clients (each runs in a child process: `client_cost.py --client NAME ...`) -------------------------

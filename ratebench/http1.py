@@ -146,6 +146,8 @@ class _Connection(asyncio.Protocol):
                 pos = head_end + 4
                 if state < 0:
                     return None
+                if state == _IDLE:  # an empty body
+                    break
             else:  # _IDLE: bytes nobody asked for
                 return self._fail(RemoteProtocolError("bytes from the server outside a response"))
         self.state = state

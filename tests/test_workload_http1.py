@@ -227,3 +227,17 @@ def test_the_keep_alive_pool_is_sized_to_the_streams_at_once() -> None:
     free = [StreamRequest(user="v", prompt=[1], max_tokens=2) for _ in range(4)]
     assert Driver.streams_at_once(loop + free, None) == 7
     assert Driver.streams_at_once(loop + free, 5) == 5
+
+
+def test_an_answer_with_an_empty_body_leaves_the_connection_usable() -> None:
+    async def script(writer, body, n):
+        if n == 1:
+            writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+            await writer.drain()
+        else:
+            await send_chunked(writer, whole_stream(2))
+
+    reqs = [StreamRequest(user="u", prompt=[1], max_tokens=2, loop_group="g", loop_streams=1) for _ in range(2)]
+    server, driver, (refused, ok) = run_against(script, reqs)
+    assert refused.error == "HTTP 503: " and ok.error is None and ok.completion_tokens == 2
+    assert server.connections == 1
