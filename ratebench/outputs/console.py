@@ -116,7 +116,7 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
     tables = []
     for i, chunk in enumerate(chunks):
         what = (f"{users} users by tier, the worst user of each check (every user: report.md, verdict.json)" if i == 0
-                else "by tier, the worst user of each check (continued)")
+                else "(continued)")
         table = Table(title=_title(scenario, engine, what), title_justify="left", box=box.SIMPLE_HEAD,
                       show_edge=False, pad_edge=False, collapse_padding=True)
         for name, w in zip(("phase", "tier"), name_widths):
