@@ -142,3 +142,13 @@ def test_the_tier_lines_fit_the_terminal_and_go_on_below_when_checks_do_not(brok
     for name in tier_lines(verdict, [r for r in verdict.rows if r.phase == "mix"])[0].worst:
         assert name.replace("-", " ") in head or all(w in head for w in name.split("-")), name
     assert ("(continued)" in text) == (width < 180)
+
+
+def test_a_tier_chart_leaves_a_users_idle_stretch_blank() -> None:
+    import numpy as np
+
+    from ratebench.outputs.plots import IDLE_BREAK_S, _break_idle
+
+    x, y = _break_idle(np.array([0.0, 0.1, 0.2, 2.0, 2.1]), np.array([1.0, 0.5, 0.2, 2.0, 1.0]))
+    assert np.isnan(y[3]) and 0.2 < x[3] < 2.0 and list(x[[0, 1, 2, 4, 5]]) == [0.0, 0.1, 0.2, 2.0, 2.1]
+    assert np.nanmin(y) == 0.2 and len(_break_idle(np.arange(5) * IDLE_BREAK_S / 2, np.ones(5))[0]) == 5

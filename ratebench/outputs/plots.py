@@ -175,6 +175,18 @@ def _tier_figure(path: Path, label: str, limited: list[UserPhaseSummary], tighte
     return _save(fig, flat, n, label, path)
 
 
+IDLE_BREAK_S = 0.5  # a tier chart leaves a user's line open across a pause longer than this
+
+
+def _break_idle(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A NaN between two events further apart than IDLE_BREAK_S: a user's idle stretch is left blank
+    rather than drawn as a slope across the chart (with tens of users, a thicket)."""
+    gaps = np.flatnonzero(np.diff(x) > IDLE_BREAK_S)
+    if not len(gaps):
+        return x, y
+    return np.insert(x, gaps + 1, x[gaps] + IDLE_BREAK_S / 2), np.insert(y, gaps + 1, np.nan)
+
+
 def _tier_panel(ax, tier: str, members: list[UserPhaseSummary], slack: dict[str, UserSlack], t0: int) -> None:
     """Every member's slack on both sides (dispatch events, else emit), thin; the worst member and the
     failing ones bold, with their names."""
@@ -186,7 +198,7 @@ def _tier_panel(ax, tier: str, members: list[UserPhaseSummary], slack: dict[str,
                                   (s.lower_dispatch or s.lower_emit, LOWER, "above even spacing")):
             if side is None or not len(side.t_ns):
                 continue
-            x, y = _envelope((side.t_ns - t0) / 1e9, side.tokens)
+            x, y = _envelope(*_break_idle((side.t_ns - t0) / 1e9, side.tokens.astype(np.float64)))
             ax.plot(x, y, color=color, lw=1.2 if bold else 0.5, alpha=1.0 if bold else 0.35,
                     linestyle="-" if r.passed else ":",
                     label=f"{r.user} {what}{'' if r.passed else ' (FAIL)'}" if bold else None)
