@@ -127,7 +127,8 @@ PLOTS_INTRO = (
     "inter-token gap CDFs and the per-stream tokens of the user with the most streams. A `mix` phase's "
     "plot (or a phase of more than a dozen users) has one panel per tier instead: every limited user of "
     "the tier on one chart, thin, with the worst user and the first failing ones bold and named (dotted "
-    "when failing; dispatch events, emit where there are none); then the gaps of the tightest users."
+    "when failing; dispatch events, emit where there are none; a pause of over 0.5 s left blank); then the gaps of "
+    "the tightest users."
 )
 
 
