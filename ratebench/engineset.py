@@ -59,6 +59,8 @@ class EngineSet:
         self.running: dict[str, RunningEngine] = {}
         self.refs: dict[str, EngineRef] = {}
         self._pristine_files: dict[str, bytes | None] | None = None
+        # wall seconds spent starting engines (until they serve), warming them up, stopping them
+        self.stage_s: dict[str, float] = {"engines start": 0.0, "engines warm-up": 0.0, "engines stop": 0.0}
 
     # ---- specs ------------------------------------------------------------------------
 
@@ -110,9 +112,12 @@ class EngineSet:
 
     def _ready(self, engines: list[RunningEngine], t0: float) -> None:
         wait_ready(engines, self.profile.startup_timeout_s, self.console)
+        self.stage_s["engines start"] += time.monotonic() - t0
         plan = self.warm_up_plan()
         for engine in engines:
+            t_warm = time.monotonic()
             result = warm_up(engine, plan)
+            self.stage_s["engines warm-up"] += time.monotonic() - t_warm
             name = engine.spec.name
             entry = self.manifest.data["engines"][name]
             entry["warm_up"] = asdict(result)
@@ -153,6 +158,13 @@ class EngineSet:
         self.refs.pop(name, None)
         if engine is None:
             return
+        t0 = time.monotonic()
+        try:
+            self._stop(name, engine, settle)
+        finally:
+            self.stage_s["engines stop"] += time.monotonic() - t0
+
+    def _stop(self, name: str, engine: RunningEngine, settle: bool) -> None:
         if settle:
             # The engine flushes its events at least every 100 ms: let the last ones land.
             time.sleep(EVENTS_SETTLE_S)

@@ -88,6 +88,11 @@ class Run:
         self.manifest = Manifest(self.run_dir)
         self.engine_set = EngineSet(profile, self.run_dir, self.manifest, console, use_patch=options.use_patch)
         self.model_dir: Path | None = None
+        # wall seconds per stage (printed at the end of the run and kept in manifest.json's stage_s)
+        self.stage_s: dict[str, float] = {}
+
+    def add_stage(self, name: str, seconds: float) -> None:
+        self.stage_s[name] = self.stage_s.get(name, 0.0) + seconds
 
     @property
     def phases(self) -> list[PhaseRecord]:
@@ -155,7 +160,11 @@ class Run:
                 self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
             ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, on_phase=self.on_phase,
                                   model_dir=self.model_dir, cpu_probe=engines.cpu_probe)
-            asyncio.run(plan.run(ctx, engines.refs[plan.engine]))
+            t0 = time.monotonic()
+            try:
+                asyncio.run(plan.run(ctx, engines.refs[plan.engine]))
+            finally:
+                self.add_stage(f"scenario {spec.name}", time.monotonic() - t0)
             later = {p.engine for _, p in plans[k + 1:]}
             for name in list(engines.running):
                 if name not in later:
@@ -188,8 +197,11 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
     old_term = signal.signal(signal.SIGTERM, _sigterm_as_sigint)
     state, reason, code = "complete", None, EXIT_OK
     engine_error: EngineError | None = None
+    t_run = time.monotonic()
     try:
+        t0 = time.monotonic()
         run.prepare()
+        run.add_stage("prepare (patch, model)", time.monotonic() - t0)
         run.execute()
     except KeyboardInterrupt:
         state, reason, code = "partial", "interrupted (SIGINT or SIGTERM)", EXIT_INTERRUPTED
@@ -208,6 +220,9 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
             run.engine_set.stop_all(settle=state == "complete")
             if state != "complete" and not run.phases:
                 state = "failed"
+            for name, seconds in run.engine_set.stage_s.items():
+                run.add_stage(name, seconds)
+            run.manifest.data["stage_s"] = {k: round(v, 2) for k, v in run.stage_s.items()}
             run.finish(state, reason)
         finally:
             signal.signal(signal.SIGINT, old_int)
@@ -215,11 +230,26 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
     outcome = RunOutcome(run_dir=run.run_dir, state=state, exit_code=code, reason=reason, phases=run.phases,
                          engine_error=engine_error)
     if state == "complete" and options.verify:
+        t0 = time.monotonic()
         outcome.verdict, outcome.exit_code = verify_at_end(run.run_dir, console)
+        run.add_stage("verify (verdict, report, plots)", time.monotonic() - t0)
     elif state == "partial" and options.verify:
         console.print(f"[bold]verify[/]: the run did not complete; `ratebench verify-bound --partial {run.run_dir}` "
                       "checks the phases that did")
+    print_stages(run.stage_s, time.monotonic() - t_run, console)
     return outcome
+
+
+def print_stages(stage_s: dict[str, float], total_s: float, console: Console) -> None:
+    """Where the run's time went: one line per stage, the scenarios in the order they ran (the
+    phases, the waits for users' bursts to refill and the prompts they tokenized)."""
+    if not stage_s:
+        return
+    parts = [f"{name} {seconds:.0f} s" for name, seconds in stage_s.items() if seconds >= 0.5]
+    other = total_s - sum(stage_s.values())
+    if other >= 0.5:
+        parts.append(f"other {other:.0f} s")
+    console.print(f"[bold]time[/] {total_s:.0f} s: " + "; ".join(parts), highlight=False)
 
 
 def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:

@@ -58,7 +58,8 @@ max_num_active_seqs = 2
 max_num_batched_tokens = 128
 enable_chunked_prefill = true
 enable_prefix_caching = true
-extra_args = ["--enforce-eager"]
+# 2,048 tokens of KV cache (64 blocks of 32): kv-pressure's throttled streams fill most of it
+extra_args = ["--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64"]
 env = { VLLM_CPU_KVCACHE_SPACE = "1" }
 
 [limits]
@@ -167,6 +168,25 @@ users = 2
 burst = true
 
 [[scenarios]]
+kind = "kv-pressure"
+throttled_user = "user-a"        # 2 streams of 800-token prompts: 52 of the 64 blocks
+throttled_streams = 2
+prompt_tokens = 800
+user = "user-fast"               # 3 requests of 256 + 20 tokens (9 blocks each)
+requests = 3
+interval_s = 0.4
+lead_s = 0.6
+user_prompt_tokens = 256
+max_tokens = 20
+
+[[scenarios]]
+kind = "active-cap-fairness"     # 3 users x 2 streams on 2 active places; then 3 x 1 and cap-high x 2
+users = 3
+streams = 2
+max_tokens = 60
+lead_s = 0.2
+
+[[scenarios]]
 kind = "overhead"
 user = "bulk"
 streams = 2
@@ -250,6 +270,11 @@ def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
     assert m["vllm_version"] == "0.32.0" and m["patch_sha256"] == patch_hash
     assert m["python"] and m["machine"]["cpus"] and m["git_commit"]
     assert m["started_monotonic_ns"] < m["ended_monotonic_ns"] and m["started_unix_s"] < m["ended_unix_s"]
+    # where the time went: preparation, engines, each scenario
+    stages = m["stage_s"]
+    assert {"prepare (patch, model)", "engines start", "engines warm-up", "engines stop",
+            "scenario kv-pressure", "scenario overhead"} <= set(stages), stages
+    assert all(v >= 0 for v in stages.values()) and stages["engines start"] > 1
     e = m["engines"]
     assert (e["stock-sync"]["kind"], e["stock-sync"]["feature"]) == ("stock", False)
     assert e["stock-sync"]["stock_overlay"] and not e["patched-sync"]["stock_overlay"]
@@ -492,7 +517,7 @@ def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small
     for c in verdict.checks:
         by_name[c.name].append(c)
     for name in ("identity", "even-spacing-dispatch", "even-spacing-emit", "wait-cpu", "wake-first-token",
-                 "wake-abort"):
+                 "wake-abort", "kv-pressure-applied", "stream-wait", "place-share", "place-share-jain"):
         # every one judged passes (a row where the engine, not the budget, limited the user is not judged)
         assert any(c.passed for c in by_name[name]), f"no {name} check judged"
         assert all(c.passed is not False for c in by_name[name]), [c.explanation for c in by_name[name]
