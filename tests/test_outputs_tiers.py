@@ -152,3 +152,13 @@ def test_a_tier_chart_leaves_a_users_idle_stretch_blank() -> None:
     x, y = _break_idle(np.array([0.0, 0.1, 0.2, 2.0, 2.1]), np.array([1.0, 0.5, 0.2, 2.0, 1.0]))
     assert np.isnan(y[3]) and 0.2 < x[3] < 2.0 and list(x[[0, 1, 2, 4, 5]]) == [0.0, 0.1, 0.2, 2.0, 2.1]
     assert np.nanmin(y) == 0.2 and len(_break_idle(np.arange(5) * IDLE_BREAK_S / 2, np.ones(5))[0]) == 5
+
+
+def test_report_md_reads_the_mix_by_tier_before_every_users_row(broken) -> None:
+    verify_run(broken)
+    report = (broken / "report.md").read_text()
+    tiers, users = report.index("## Users by tier"), report.index("## Users by scenario phase")
+    assert tiers < users
+    section = report[tiers:users]
+    assert "| mix/mix | patched-sync | low | 25 | 20 | 400 | FAIL (low-07) |" in section
+    assert "1 (low-07, **1 of 25 FAIL**)" in section and "| burst |" in section

@@ -18,7 +18,7 @@ from rich.table import Table
 from ratebench.analysis.verdict import UserPhaseSummary, Verdict
 from ratebench.outputs.format import FIGURE_COLUMNS, check_where, figure_cells
 from ratebench.outputs.promises import failures_by_promise
-from ratebench.outputs.tiers import TierLine, WorstUser, by_tier, tier_lines
+from ratebench.outputs.tiers import TierLine, WorstUser, figure_text, phases_by_tier, tier_lines
 
 MAX_FAILURES_SHOWN = 20  # the rest are in report.md
 
@@ -38,12 +38,10 @@ def verdict_tables(verdict: Verdict, width: int | None = None) -> list[Table]:
         groups.setdefault((row.scenario, row.engine), []).append(row)
     tables = []
     for (scenario, engine), rows in groups.items():
-        phases: dict[str, list[UserPhaseSummary]] = {}
-        for row in rows:
-            phases.setdefault(row.phase, []).append(row)
-        tiered = {phase for phase, members in phases.items() if by_tier(members)}
-        if tiered:
-            lines = [line for phase in phases if phase in tiered for line in tier_lines(verdict, phases[phase])]
+        by_tier = phases_by_tier(rows)
+        tiered = {phase for _, phase, _ in by_tier}
+        if by_tier:
+            lines = [line for members in by_tier.values() for line in tier_lines(verdict, members)]
             tables.extend(_tier_tables(scenario, engine, lines, width))
         shown = [r for r in rows if r.phase not in tiered or not r.passed]
         if shown:
@@ -72,18 +70,12 @@ def _table(scenario: str, engine: str, rows: list[UserPhaseSummary], what: str |
     return table
 
 
-def _figure(x: float | int) -> str:
-    if isinstance(x, int):
-        return str(x)
-    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}"
-
-
 def _worst_cell(w: WorstUser | None, one_user: bool) -> str:
     """The worst user's figure over its name (a tier of one user: the figure alone); red with the
     count of users that failed the check."""
     if w is None:
         return "-"
-    cell = _figure(w.figure) if one_user else f"{_figure(w.figure)}\n{escape(w.user)}"
+    cell = figure_text(w.figure) if one_user else f"{figure_text(w.figure)}\n{escape(w.user)}"
     return f"[bold red]{cell}\n{w.failed}/{w.checked} FAIL[/]" if w.failed else cell
 
 
@@ -101,7 +93,7 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
     checks = list(dict.fromkeys(name for line in lines for name in line.worst))
     results = {id(x): "[green]pass[/]" if x.passed else f"[bold red]FAIL[/] {len(x.failed_users)}/{len(x.users)}"
                for x in lines}
-    head = [("users", 5), ("N", max(1, *(len(_limits(x)) for x in lines))), ("tokens", 6), ("result", 10)]
+    head = [("users", 5), ("N", max(1, *(len(x.limits_text) for x in lines))), ("tokens", 6), ("result", 10)]
     chunks: list[list[str]] = [[]]
     gap = 3  # a column's padding and the separator, with room to spare (rich measures a header that wraps
     # at its widest)
@@ -127,16 +119,12 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
         for name in chunk:
             table.add_column(name.replace("-", " "), justify="right", min_width=_check_width(name, lines))
         for line in lines:
-            cells = ([str(len(line.users)), _limits(line), str(line.streamed_tokens), results[id(line)]]
+            cells = ([str(len(line.users)), line.limits_text, str(line.streamed_tokens), results[id(line)]]
                      if i == 0 else [])
             table.add_row(escape(line.phase), escape(line.tier), *cells,
                           *(_worst_cell(line.worst.get(name), len(line.users) == 1) for name in chunk))
         tables.append(table)
     return tables
-
-
-def _limits(line: TierLine) -> str:
-    return "/".join("off" if n is None else str(n) for n in line.limits_tps)
 
 
 def legend() -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ratebench.analysis.verdict import Check, OverheadSummary, Verdict
 from ratebench.outputs.format import ROW_COLUMNS, check_where, in_rounds, row_cells
 from ratebench.outputs.promises import failures_by_promise, meaning
+from ratebench.outputs.tiers import figure_text, phases_by_tier, tier_lines
 
 
 @dataclass
@@ -172,6 +173,7 @@ def report_blocks(verdict: Verdict, plot_paths: list[Path] | None = None,
     if v.warnings:
         out += [Heading(2, "Warnings"), Bullets(list(v.warnings))]
     out += _run(v)
+    out += _tiers(v)
     out += _users(v)
     for o in v.overheads:
         out += _overhead(v, o)
@@ -206,6 +208,37 @@ def _run(v: Verdict) -> list[Block]:
 def _shown(v: Verdict):
     """The rows the tables show: all but the overhead rounds' (a failing one stays)."""
     return [r for r in v.rows if not in_rounds(r.role) or not r.passed]
+
+
+def _tiers(v: Verdict) -> list[Block]:
+    """Each phase of many users (a mix) by tier: the worst user of each check; every user is below."""
+    lines = [line for members in phases_by_tier(v.rows).values() for line in tier_lines(v, members)]
+    if not lines:
+        return []
+    checks = list(dict.fromkeys(name for line in lines for name in line.worst))
+
+    def cell(line, name: str) -> str:
+        w = line.worst.get(name)
+        if w is None:
+            return "-"
+        failed = f", **{w.failed} of {w.checked} FAIL**" if w.failed else ""
+        return f"{figure_text(w.figure)} ({w.user}{failed})"
+
+    rows = [[f"{x.scenario}/{x.phase}", x.engine, x.tier, str(len(x.users)),
+             x.limits_text, str(x.streamed_tokens),
+             "pass" if x.passed else f"FAIL ({_some(x.failed_users)})", *(cell(x, n) for n in checks)]
+            for x in lines]
+    return [Heading(2, "Users by tier"),
+            Text("A phase of many users (a `mix`, or more than a dozen users) by tier: for each check, the "
+                 "figure of the tier's user furthest from its threshold (or past it), and that user. Every "
+                 "user's row is in the next table."),
+            Table(["scenario/phase", "engine", "tier", "users", "N", "tokens", "result", *checks], rows)]
+
+
+def _some(users: list[str], most: int = 5) -> str:
+    """The first few names, and how many more."""
+    more = f" and {len(users) - most} more" if len(users) > most else ""
+    return ", ".join(users[:most]) + more
 
 
 def _users(v: Verdict) -> list[Block]:

@@ -51,6 +51,11 @@ class TierLine:
     def passed(self) -> bool:
         return not self.failed_users
 
+    @property
+    def limits_text(self) -> str:
+        """Its users' limits, ``20`` or ``20/50`` (``off``: the limiter off)."""
+        return "/".join("off" if n is None else str(n) for n in self.limits_tps)
+
 
 def tier_of(row: UserPhaseSummary) -> str:
     """The tier a row is read under: its mix tier, else its limit (``at N tok/s``, ``limiter off``)."""
@@ -64,6 +69,21 @@ def tier_of(row: UserPhaseSummary) -> str:
 def by_tier(rows: list[UserPhaseSummary]) -> bool:
     """Whether one phase's rows are shown by tier in the terminal."""
     return any(r.kind in BY_TIER_KINDS for r in rows) or len({r.user for r in rows}) > MAX_USER_ROWS
+
+
+def phases_by_tier(rows: list[UserPhaseSummary]) -> dict[tuple[str, str, str], list[UserPhaseSummary]]:
+    """The rows of each phase shown by tier, by (scenario, phase, engine), in run order."""
+    phases: dict[tuple[str, str, str], list[UserPhaseSummary]] = {}
+    for r in rows:
+        phases.setdefault((r.scenario, r.phase, r.engine), []).append(r)
+    return {key: members for key, members in phases.items() if by_tier(members)}
+
+
+def figure_text(x: float | int) -> str:
+    """A check's figure, short: an integer as it is, two decimals below 100."""
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.2f}"
 
 
 def _margin(c: Check) -> float:
