@@ -3,8 +3,8 @@ table stays readable with), each tier's users in one line with the worst user of
 
 A user's tier is the one its mix recorded (``scenarios.json`` ``users[u].tier``); a user without
 one (a trace's users, a mix's anonymous requests) is grouped with the users at its limit. The
-terminal shows these lines, then the failing users' own rows; every user's row stays in
-verdict.json and report.md.
+terminal shows these lines, then the failing users' own rows; report.md shows them before every
+user's row; verdict.json keeps every row.
 """
 
 from __future__ import annotations
