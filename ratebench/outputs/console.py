@@ -81,8 +81,10 @@ def _worst_cell(w: WorstUser | None, one_user: bool) -> str:
 
 def _check_width(name: str, lines: list[TierLine]) -> int:
     """A check column's width: its name wraps between words, never inside a word nor a user's name."""
-    names = [w.user for line in lines if (w := line.worst.get(name)) is not None and len(line.users) > 1]
-    return max(len(x) for x in [*name.split("-"), *names, "0.00", "1/25 FAIL"])
+    worst = [(line, w) for line in lines if (w := line.worst.get(name)) is not None]
+    texts = [figure_text(w.figure) for _, w in worst] + [w.user for line, w in worst if len(line.users) > 1]
+    texts += [f"{w.failed}/{w.checked} FAIL" for _, w in worst if w.failed]
+    return max(len(x) for x in [*name.split("-"), *texts])
 
 
 def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int | None) -> list[Table]:
@@ -95,8 +97,7 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
                for x in lines}
     head = [("users", 5), ("N", max(1, *(len(x.limits_text) for x in lines))), ("tokens", 6), ("result", 10)]
     chunks: list[list[str]] = [[]]
-    gap = 3  # a column's padding and the separator, with room to spare (rich measures a header that wraps
-    # at its widest)
+    gap = 2  # a column's padding and the separator
     used = sum(w + gap for w in name_widths) + sum(w + gap for _, w in head)
     for name in checks:
         w = _check_width(name, lines) + gap
@@ -117,7 +118,7 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
             for name, w in head:
                 table.add_column(name, justify="right" if name != "result" else "left", no_wrap=True, min_width=w)
         for name in chunk:
-            table.add_column(name.replace("-", " "), justify="right", min_width=_check_width(name, lines))
+            table.add_column(name.replace("-", " "), justify="right", width=_check_width(name, lines))
         for line in lines:
             cells = ([str(len(line.users)), line.limits_text, str(line.streamed_tokens), results[id(line)]]
                      if i == 0 else [])
