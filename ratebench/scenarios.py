@@ -785,19 +785,47 @@ def _cpu_use(before: tuple[float, float], after: tuple[float, float], wall_ns: i
     return {"busy": round(busy, 3), "run": round(run, 3), "other": round(max(busy - run, 0.0), 3)}
 
 
+SUMMARY_MAX_USERS = 12  # a phase of more users is summed up by tier (a mix's, else the users at one limit)
+
+
 def phase_summary(phase: PhaseRecord, records: list) -> str:
-    """One line per phase: each user's tokens and client-side rate (first to last token)."""
-    parts = []
+    """One line per phase: each user's tokens and client-side rate (first to last token); for a phase
+    of many users, each tier's users, tokens, and slowest and fastest user."""
+    by_user: dict[str, list] = {user: [] for user in phase.users}
+    for r in records:
+        by_user.setdefault(r.user or ANONYMOUS_USER, []).append(r)
+    figures: dict[str, tuple[int, float, int]] = {}  # user -> tokens, rate, errors
     for user in phase.users:
-        recs = [r for r in records if (r.user or ANONYMOUS_USER) == user]
+        recs = by_user[user]
         times = sorted(t for r in recs for t in r.chunk_ns)
         tokens = sum(r.streamed_tokens for r in recs)
         rate = (tokens - 1) / ((times[-1] - times[0]) / 1e9) if len(times) > 1 and times[-1] > times[0] else 0.0
+        figures[user] = (tokens, rate, sum(1 for r in recs if r.error))
+
+    def limit_of(user: str) -> str:
         limit = phase.users[user].get("limit_tps")
-        errors = sum(1 for r in recs if r.error)
-        parts.append(f"{user} {tokens} tok {rate:.1f} tok/s (limit {limit if limit is not None else 'off'})"
-                     + (f" [{errors} errors]" if errors else ""))
-    return f"{phase.phase} on {phase.engine}: " + "; ".join(parts)
+        return f"limit {limit if limit is not None else 'off'}"
+
+    def errors(users: list[str]) -> str:
+        n = sum(figures[u][2] for u in users)
+        return f" [{n} errors]" if n else ""
+
+    if len(phase.users) <= SUMMARY_MAX_USERS:
+        parts = [f"{u} {figures[u][0]} tok {figures[u][1]:.1f} tok/s ({limit_of(u)}){errors([u])}" for u in phase.users]
+        return f"{phase.phase} on {phase.engine}: " + "; ".join(parts)
+    tiers: dict[str, list[str]] = {}
+    for user, info in phase.users.items():
+        tier = info.get("tier") or (user if user == ANONYMOUS_USER else limit_of(user))
+        tiers.setdefault(tier, []).append(user)
+    parts = []
+    for tier, users in tiers.items():
+        slow, fast = min(users, key=lambda u: figures[u][1]), max(users, key=lambda u: figures[u][1])
+        label = tier if tier.startswith("limit ") else f"{tier} ({limit_of(users[0])})"
+        rates = (f"{figures[slow][1]:.1f} tok/s" if len(users) == 1 else
+                 f"{figures[slow][1]:.1f} ({slow}) to {figures[fast][1]:.1f} tok/s ({fast})")
+        parts.append(f"{label}: {len(users)} user{'s' if len(users) > 1 else ''} "
+                     f"{sum(figures[u][0] for u in users)} tok, {rates}{errors(users)}")
+    return f"{phase.phase} on {phase.engine}: {len(phase.users)} users by tier: " + "; ".join(parts)
 
 
 def eos_token_id(model_dir: Path | None) -> int:

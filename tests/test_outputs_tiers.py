@@ -5,6 +5,7 @@ one chart per tier with every user's slack."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,20 @@ def test_report_md_reads_the_mix_by_tier_before_every_users_row(broken) -> None:
     section = report[tiers:users]
     assert "| mix/mix | patched-sync | low | 25 | 20 | 400 | FAIL (low-07) |" in section
     assert "1 (low-07, **1 of 25 FAIL**)" in section and "| burst |" in section
+
+
+def test_the_line_after_a_phase_of_many_users_sums_up_each_tier(broken) -> None:
+    from ratebench.events import read_client_records
+    from ratebench.scenarios import SUMMARY_MAX_USERS, PhaseRecord, phase_summary
+
+    (entry,) = json.loads((broken / "scenarios.json").read_text())
+    records = read_client_records(broken / "requests.jsonl")
+    phase = PhaseRecord(entry["scenario"], "mix", "mix", "patched-sync", 0, 1, entry["users"])
+    line = phase_summary(phase, records)
+    head, tiers = line.split(": ", 1)[0], line.split("56 users by tier: ")[1].split("; ")
+    assert head == "mix on patched-sync" and len(tiers) == 4
+    low = next(t for t in tiers if t.startswith("low (limit 20): 25 users 400 tok, "))
+    assert re.fullmatch(r".*, [0-9.]+ \(low-\d\d\) to [0-9.]+ tok/s \(low-\d\d\)", low)
+    assert any(t.startswith(f"{ANONYMOUS_USER} (limit 100): 1 user 24 tok, ") for t in tiers)
+    few = PhaseRecord("s", "mix", "mix", "e", 0, 1, {u: entry["users"][u] for u in list(entry["users"])[:3]})
+    assert len(few.users) <= SUMMARY_MAX_USERS and phase_summary(few, records).count(" tok/s (limit ") == 3
