@@ -20,7 +20,7 @@ import ssl
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 import httpx
 import orjson
@@ -107,6 +107,7 @@ class LiveRates:
         self.ended_tokens: dict[str, int] = collections.Counter()
         self.open: dict[str, set[ChunkReader]] = collections.defaultdict(set)
         self.totals_seen: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self.remote: dict[int, dict[str, tuple[int, int]]] = {}  # driver worker -> user -> (streams, tokens)
 
     def started(self, user: str, reader: "ChunkReader") -> None:
         self.running[user] += 1
@@ -118,7 +119,11 @@ class LiveRates:
         self.ended_tokens[user] += reader.seen
 
     def tokens(self, user: str) -> int:
-        return self.ended_tokens[user] + sum(r.seen for r in self.open[user])
+        return (self.ended_tokens[user] + sum(r.seen for r in self.open[user])
+                + sum(counts.get(user, (0, 0))[1] for counts in self.remote.values()))
+
+    def streams(self, user: str) -> int:
+        return self.running[user] + sum(counts.get(user, (0, 0))[0] for counts in self.remote.values())
 
     def rate_tps(self, user: str, now_ns: int) -> float:
         total = self.tokens(user)
@@ -135,11 +140,14 @@ class LiveRates:
         t = Table(title=title, title_justify="left", expand=False)
         for col in ("user", "streams", "tokens", "live tok/s", "limit tok/s"):
             t.add_column(col, justify="left" if col == "user" else "right")
-        for user in sorted(set(self.running) | set(self.ended_tokens)):
+        users = set(self.running) | set(self.ended_tokens)
+        for counts in self.remote.values():
+            users |= set(counts)
+        for user in sorted(users):
             limit = self.limits.get(user)
             rate = self.rate_tps(user, now)
             style = "red" if limit and rate > 1.2 * limit else ""
-            t.add_row(user, str(self.running[user]), str(self.tokens(user)), f"{rate:.1f}",
+            t.add_row(user, str(self.streams(user)), str(self.tokens(user)), f"{rate:.1f}",
                       "off" if limit is None else str(limit), style=style)
         return t
 
@@ -308,8 +316,9 @@ class Driver:
     """
 
     def __init__(self, run_id: str, *, console: Console | None = None, live: bool = True,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, workers: int = 1) -> None:
         self.run_id = run_id
+        self.workers = workers  # processes the streams of a phase are spread over (1: this one)
         self.transport = transport  # tests: a mock server
         self.records: list[ClientRecord] = []
         self.console = console or Console(stderr=True)
@@ -321,6 +330,7 @@ class Driver:
         # the event-loop lag over the last phase (LoopLagProbe.summary), for its scenarios.json entry
         self.last_loop_lag: dict[str, Any] | None = None
         self.last_connections = 0  # connections the last phase opened (its pool; 0 through httpx)
+        self.last_probe: LoopLagProbe | None = None
 
     def next_client_id(self) -> str:
         return f"rb-{self.run_id}-{next(self._counter)}"
@@ -353,22 +363,58 @@ class Driver:
 
         Foreground requests run to their end; background ones are closed when every
         foreground request is done (or run to their end if there are no foreground ones).
+        With ``workers`` > 1 the streams are spread over that many worker processes
+        (``ratebench/driver_workers.py``); the records come back here all the same.
         """
-        live = LiveRates(limits or {})
-        sem = asyncio.Semaphore(concurrency) if concurrency else None
-        phase_records: list[ClientRecord] = []
-        stop_flags: dict[int, bool] = {}
-        streams = self.streams_at_once(requests, concurrency)
-        probe = LoopLagProbe()
-        self.last_loop_lag = None
+        if self.workers > 1 and self.transport is None and len(requests) > 1:
+            from ratebench.driver_workers import run_phase_in_workers
+
+            return await run_phase_in_workers(self, ctx, requests, concurrency=concurrency, limits=limits)
+        client = self.open_client(ctx, self.streams_at_once(requests, concurrency))
+        t0 = time.monotonic_ns()  # the schedule starts once the client is ready
+        records = self.new_records(ctx, requests, t0)
+        has_foreground = any(not r.background for r in requests)
+        await self.run_records(ctx, requests, records, t0, client, live=LiveRates(limits or {}), concurrency=concurrency,
+                               display=True, close_when=(lambda fg: asyncio.gather(*fg)) if has_foreground else None)
+        return records
+
+    def new_records(self, ctx: PhaseContext, requests: list[StreamRequest], t0: int) -> list[ClientRecord]:
+        """One record per request (its client id, and its time: ``delay_s`` after ``t0``), kept in ``records``."""
+        out = []
+        for req in requests:
+            rec = ClientRecord(
+                client_id=self.next_client_id(), scenario=ctx.scenario, phase=ctx.phase, engine=ctx.engine,
+                user=req.user, api=req.api, stream_index=req.stream_index, max_tokens=req.max_tokens,
+                ignore_eos=req.ignore_eos, prompt_tokens=req.prompt_tokens,
+                scheduled_ns=t0 + int(req.delay_s * 1e9), openai_user=req.openai_user, spoof=req.spoof,
+            )
+            self.records.append(rec)
+            out.append(rec)
+        return out
+
+    def open_client(self, ctx: PhaseContext, streams: int) -> "httpx.AsyncClient | StreamPool":
+        """The phase's client: a keep-alive pool for ``streams`` at once (httpx over a test transport)."""
         if self.transport is not None:
             timeout = httpx.Timeout(connect=30.0, read=READ_TIMEOUT_S, write=30.0, pool=None)
-            client: httpx.AsyncClient | StreamPool = httpx.AsyncClient(
-                timeout=timeout, transport=self.transport, verify=ssl_context(),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=streams))
-        else:
-            client = StreamPool(ctx.endpoint, max_idle=streams, read_timeout_s=READ_TIMEOUT_S,
-                                ssl_context=ssl_context() if ctx.endpoint.startswith("https:") else None)
+            return httpx.AsyncClient(timeout=timeout, transport=self.transport, verify=ssl_context(),
+                                     limits=httpx.Limits(max_connections=None, max_keepalive_connections=streams))
+        return StreamPool(ctx.endpoint, max_idle=streams, read_timeout_s=READ_TIMEOUT_S,
+                          ssl_context=ssl_context() if ctx.endpoint.startswith("https:") else None)
+
+    async def run_records(self, ctx: PhaseContext, requests: list[StreamRequest], records: list[ClientRecord],
+                          t0: int, client: "httpx.AsyncClient | StreamPool", *, live: LiveRates,
+                          concurrency: int | None, display: bool,
+                          close_when: Callable[[list[asyncio.Task]], Awaitable[Any]] | None) -> None:
+        """Stream ``requests`` into their ``records`` over ``client`` (closed at the end; a closed loop's
+        first places free at ``t0``).
+
+        ``close_when(foreground tasks)``: once it returns, the background streams still open
+        are closed (None: they run to their end). ``display``: the live table on the console.
+        """
+        sem = asyncio.Semaphore(concurrency) if concurrency else None
+        stop_flags: dict[int, bool] = {}
+        probe = self.last_probe = LoopLagProbe()
+        self.last_loop_lag = None
         expire_every_ns = 1_000_000_000
         next_expiry = [time.monotonic_ns() + expire_every_ns]
 
@@ -378,8 +424,6 @@ class Driver:
                 client.expire(now_ns)
 
         try:
-            # the schedule starts once the client is ready
-            t0 = time.monotonic_ns()
             tasks: list[tuple[StreamRequest, asyncio.Task]] = []
             loops: dict[str, asyncio.Queue] = {}  # a closed loop's free places: when each was freed (ns)
 
@@ -397,15 +441,7 @@ class Driver:
                 finally:
                     free.put_nowait(rec.done_ns or time.monotonic_ns())
 
-            for req in requests:
-                rec = ClientRecord(
-                    client_id=self.next_client_id(), scenario=ctx.scenario, phase=ctx.phase, engine=ctx.engine,
-                    user=req.user, api=req.api, stream_index=req.stream_index, max_tokens=req.max_tokens,
-                    ignore_eos=req.ignore_eos, prompt_tokens=req.prompt_tokens,
-                    scheduled_ns=t0 + int(req.delay_s * 1e9), openai_user=req.openai_user, spoof=req.spoof,
-                )
-                self.records.append(rec)
-                phase_records.append(rec)
+            for req, rec in zip(requests, records):
                 if req.loop_group is None:
                     task = asyncio.create_task(self._stream(client, ctx, req, rec, sem, live, stop_flags))
                 else:
@@ -418,18 +454,25 @@ class Driver:
             title = f"{ctx.scenario} / {ctx.phase} on {ctx.engine}"
             # the display is rendered by the event loop's own 4 Hz task, not by a second thread
             # (a refresh thread would take the GIL from the loop at times of its own)
-            with Live(live.table(title), console=self.console, transient=True, auto_refresh=False) as display:
-                ticker = asyncio.create_task(self._refresh(display, live, title)) if self.live else None
+            with Live(live.table(title), console=self.console, transient=True, auto_refresh=False) as display_:
+                ticker = asyncio.create_task(self._refresh(display_, live, title)) if self.live and display else None
                 prober = asyncio.create_task(probe.run(tick=tick))
                 side = [t for t in (ticker, prober) if t is not None]
+                open_bg = {t for r, t in tasks if r.background}
+                if close_when is not None and open_bg:
+                    side.append(asyncio.ensure_future(close_when([t for r, t in tasks if not r.background])))
                 try:
-                    foreground = [t for r, t in tasks if not r.background]
-                    if foreground:
-                        await asyncio.gather(*foreground)
-                        for r, t in tasks:
-                            if r.background and not t.done():
-                                stop_flags[id(t)] = True
-                                t.cancel()
+                    if close_when is not None and open_bg:
+                        waiter = side[-1]
+                        while open_bg and not waiter.done():
+                            done, _ = await asyncio.wait([waiter, *open_bg], return_when=asyncio.FIRST_COMPLETED)
+                            open_bg -= done
+                        if waiter.done():
+                            waiter.result()  # a foreground stream's own failure
+                            for r, t in tasks:
+                                if r.background and not t.done():
+                                    stop_flags[id(t)] = True
+                                    t.cancel()
                     await asyncio.gather(*(t for _, t in tasks))
                 finally:
                     for t in side:
@@ -446,7 +489,6 @@ class Driver:
             else:
                 self.last_connections = 0
                 await client.aclose()
-        return phase_records
 
     @staticmethod
     async def _refresh(display: Live, live: LiveRates, title: str) -> None:
