@@ -64,21 +64,27 @@ def prompt_ids(i: int) -> list[int]:
 
 # --- the clients (each runs in a child process: `client_cost.py --client NAME ...`) -------------------------
 
-async def run_ratebench(endpoint: str, model: str, streams: int, requests: int) -> dict:
+async def run_ratebench(endpoint: str, model: str, streams: int, requests: int, workers: int = 1) -> dict:
+    import resource
+
     from rich.console import Console
 
     from ratebench.workload import Driver, PhaseContext, StreamRequest
 
     # the live display renders as in a terminal, into a buffer nobody reads
     console = Console(file=io.StringIO(), force_terminal=True, width=120)
-    driver = Driver("c0ffee", console=console, live=True)
+    driver = Driver("c0ffee", console=console, live=True, **({"workers": workers} if workers > 1 else {}))
     ctx = PhaseContext(scenario="client-cost", phase=f"{streams}-streams", engine="bench", endpoint=endpoint,
                        model=model)
     reqs = [StreamRequest(user=USER, prompt=prompt_ids(i), max_tokens=MAX_TOKENS, prompt_tokens=PROMPT_TOKENS,
                           loop_group="bench", loop_streams=streams) for i in range(requests)]
-    cpu0, t0 = time.process_time(), time.monotonic_ns()
+    def cpu_s() -> float:  # this process, and its driver workers once they have ended
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + kids.ru_utime + kids.ru_stime
+
+    cpu0, t0 = cpu_s(), time.monotonic_ns()
     records = await driver.run_phase(ctx, reqs, limits={USER: None})
-    cpu1 = time.process_time()
+    cpu1 = cpu_s()
     tokens = sum(r.streamed_tokens for r in records)
     first = min(r.sent_ns for r in records if r.sent_ns is not None)
     last = max(r.chunk_ns[-1] for r in records if len(r.chunk_ns))
@@ -155,8 +161,10 @@ async def run_peer(endpoint: str, model: str, streams: int, requests: int) -> di
 
 
 def child(args: argparse.Namespace) -> None:
-    fn = run_peer if args.client == "peer" else run_ratebench
-    result = asyncio.run(fn(args.endpoint, args.model, args.streams_one, args.requests))
+    if args.client == "peer":
+        result = asyncio.run(run_peer(args.endpoint, args.model, args.streams_one, args.requests))
+    else:
+        result = asyncio.run(run_ratebench(args.endpoint, args.model, args.streams_one, args.requests, args.workers))
     print(json.dumps(result))
 
 
@@ -209,13 +217,15 @@ def start_patched_engine(max_num_seqs: int, folder: Path):
 
 # --- the comparison ------------------------------------------------------------------------------------------
 
-def run_client(name: str, endpoint: str, model: str, streams: int, requests: int, before: Path | None = None) -> dict:
+def run_client(name: str, endpoint: str, model: str, streams: int, requests: int, before: Path | None = None,
+               workers: int = 1) -> dict:
     env = dict(os.environ)
     env.pop("CLIENT_COST_RATEBENCH_ROOT", None)
     if name == BEFORE:
         env["CLIENT_COST_RATEBENCH_ROOT"] = str(before)
     out = subprocess.run([sys.executable, __file__, "--client", name, "--endpoint", endpoint, "--model", model,
-                          "--streams-one", str(streams), "--requests", str(requests)],
+                          "--streams-one", str(streams), "--requests", str(requests),
+                          "--workers", str(workers if name == "ratebench" else 1)],
                          capture_output=True, text=True, check=False, env=env)
     if out.returncode != 0:
         raise SystemExit(f"{name} client failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -227,7 +237,7 @@ def spread(values: list[float], fmt: str = "{:.0f}") -> str:
 
 
 def compare(endpoint: str, model: str, stream_counts: list[int], rounds: int, per_stream: int,
-            before: Path | None = None) -> list[dict]:
+            before: Path | None = None, workers: int = 1) -> list[dict]:
     # warm-up: the server's first requests (and the machine's caches) belong to no round
     run_client("peer", endpoint, model, min(stream_counts), min(stream_counts))
     rows = []
@@ -237,7 +247,7 @@ def compare(endpoint: str, model: str, stream_counts: list[int], rounds: int, pe
             clients = CLIENTS + ((BEFORE,) if before else ())
             order = clients[k % len(clients):] + clients[:k % len(clients)]  # rotating
             for name in order:
-                r = run_client(name, endpoint, model, n, requests, before)
+                r = run_client(name, endpoint, model, n, requests, before, workers)
                 r.update(client=name, streams=n, round=k, requests=requests,
                          cpu_ms_per_1k=1e6 * r["cpu_s"] / max(r["tokens"], 1), tps=r["tokens"] / r["span_s"])
                 rows.append(r)
@@ -278,6 +288,8 @@ def main() -> None:
     ap.add_argument("--endpoint", help="a running server (not started here)")
     ap.add_argument("--model", default="tiny-qwen3", help="the served model name (with --endpoint)")
     ap.add_argument("--json", type=Path, help="write every round here")
+    ap.add_argument("--workers", type=int, default=1, help="ratebench's client: driver worker processes "
+                    "(Driver(workers=K)); its CPU then counts theirs too")
     ap.add_argument("--before", type=Path, help="a third client, interleaved: ratebench's client of another "
                     "checkout (its folder holding ratebench/, e.g. `git archive COMMIT ratebench | tar -x -C DIR`)")
     # a child: one client, one workload
@@ -290,7 +302,7 @@ def main() -> None:
         return
     stream_counts = [int(s) for s in args.streams.split(",")]
     stop = None
-    setting: dict = {"streams": stream_counts, "rounds": args.rounds, "per_stream": args.per_stream,
+    setting: dict = {"workers": args.workers, "streams": stream_counts, "rounds": args.rounds, "per_stream": args.per_stream,
                      "max_tokens": MAX_TOKENS, "prompt_tokens": PROMPT_TOKENS, "cpus": os.cpu_count()}
     if args.endpoint:
         endpoint, model = args.endpoint.rstrip("/"), args.model
@@ -308,7 +320,7 @@ def main() -> None:
         setting["server"] = "cpu-tiny patched-sync " + " ".join(spec.all_flags()[4:])
     print(f"server: {setting['server']}", flush=True)
     try:
-        rows = compare(endpoint, model, stream_counts, args.rounds, args.per_stream, args.before)
+        rows = compare(endpoint, model, stream_counts, args.rounds, args.per_stream, args.before, args.workers)
     finally:
         if stop is not None:
             stop()
