@@ -72,8 +72,15 @@ async def _recv(conn) -> Any:
     return await asyncio.to_thread(conn.recv)
 
 
-def _read_pipe(w: int, conn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, exitcode) -> None:
-    """A worker's messages into the phase's queue (a thread: a pipe is not a socket the loop can watch)."""
+def _read_pipe(w: int, conn, first: tuple, lock: threading.Lock, loop: asyncio.AbstractEventLoop,
+               queue: asyncio.Queue, exitcode) -> None:
+    """Send a worker its share, then its messages into the phase's queue (a thread: a pipe is not a
+    socket the loop can watch, and a large share would block the loop until the worker reads it)."""
+    try:
+        with lock:
+            conn.send(first)
+    except OSError:
+        pass
     while True:
         try:
             msg = conn.recv()
@@ -92,6 +99,15 @@ async def run_phase_in_workers(driver: Driver, ctx: PhaseContext, requests: list
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
     pipes, procs = [], []
+    locks = [threading.Lock() for _ in range(workers)]  # one writer at a time on each pipe
+
+    def stop(w: int) -> None:
+        try:
+            with locks[w]:
+                pipes[w].send(("stop",))
+        except OSError:
+            pass
+
     for w in range(workers):
         parent_end, child_end = mp.Pipe()
         proc = mp.Process(target=worker_main, args=(child_end, driver.run_id), daemon=True,
@@ -100,9 +116,8 @@ async def run_phase_in_workers(driver: Driver, ctx: PhaseContext, requests: list
         child_end.close()
         pipes.append(parent_end)
         procs.append(proc)
-        parent_end.send(("phase", ctx, shard_reqs[w], caps[w]))
-        threading.Thread(target=_read_pipe, args=(w, parent_end, loop, queue, lambda p=proc: p.exitcode),
-                         daemon=True).start()
+        threading.Thread(target=_read_pipe, args=(w, parent_end, ("phase", ctx, shard_reqs[w], caps[w]), locks[w], loop, queue,
+                                                  lambda p=proc: p.exitcode), daemon=True).start()
     records: list[ClientRecord] = []
     live = LiveRates(limits or {})
     probe = LoopLagProbe()
@@ -147,12 +162,9 @@ async def run_phase_in_workers(driver: Driver, ctx: PhaseContext, requests: list
                     next_display = time.monotonic() + LIVE_EVERY_S
                     display.update(live.table(title), refresh=True)
     except asyncio.CancelledError:
-        for w, conn in enumerate(pipes):
+        for w in range(workers):
             if w not in results:
-                try:
-                    conn.send(("stop",))
-                except OSError:
-                    pass
+                stop(w)
         deadline = time.monotonic() + WORKER_STOP_TIMEOUT_S
         while records and len(results) < workers and time.monotonic() < deadline:
             try:
@@ -164,6 +176,9 @@ async def run_phase_in_workers(driver: Driver, ctx: PhaseContext, requests: list
         _merge(driver, records, index, results, probe)
         raise
     finally:
+        for w in range(workers):
+            if w not in results:  # e.g. a worker that never got its start
+                stop(w)
         for proc in procs:
             proc.join(timeout=5)
             if proc.is_alive():
