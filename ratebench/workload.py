@@ -176,12 +176,8 @@ class ChunkReader:
         """Take body bytes that came off the socket at ``t_ns``; True: the driver needs no more
         ([DONE] seen, or ``cancel_after_tokens`` reached: then ``closing``)."""
         buf = self.buf + data if self.buf else data
-        if b"\r" in buf:
-            # a CR kept at the end waits for its LF (it may arrive in the next read)
-            keep_cr = buf.endswith(b"\r")
+        if b"\r" in buf:  # a CR at the end stays, and meets its LF in the next read
             buf = buf.replace(b"\r\n", b"\n")
-            if keep_cr and not buf.endswith(b"\r"):
-                buf += b"\r"
         start = 0
         while True:
             end = buf.find(b"\n\n", start)
