@@ -203,6 +203,11 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "nonneg_num": (lambda v: _num(v) and v >= 0, "a number >= 0"),
     "fraction": (lambda v: _num(v) and 0 <= v <= 1, "a fraction from 0 to 1"),
     "arrivals": (lambda v: v in ("poisson", "constant"), 'one of ["poisson", "constant"]'),
+    "overhead_against": (
+        lambda v: isinstance(v, list) and len(v) > 0 and len(set(v)) == len(v)
+        and all(x in ("feature-off", "stock", "no-events") for x in v),
+        'a non-empty list of distinct engines among ["feature-off", "stock", "no-events"]',
+    ),
     "length": (lambda v: _pos_int(v) or isinstance(v, dict),
                'a token count, or a table {dist = "fixed" | "uniform" | "lognormal", ...}'),
     "tiers": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(t, dict) for t in v),
@@ -327,12 +332,14 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "lead_s": ("pos_num", 0.5),
         "max_tokens": ("pos_int", 200),
     },
-    # Limits never reached, against the feature off and against stock vLLM.
+    # Limits never reached, against the feature off, stock vLLM and the limiter without engine events.
     "overhead": {
         "user": ("user", REQUIRED),
         "streams": ("pos_int", 8),
         "max_tokens": ("pos_int", 128),
         "rounds": ("pos_int", 2),
+        # the engines the limiter-on engine is compared with (each one more engine to start)
+        "against": ("overhead_against", ["feature-off", "stock", "no-events"]),
     },
     # Replay a JSONL trace (docs/trace.md): each request at its arrival offset, with its user, prompt,
     # max_tokens, cancel, EOS, shared prefix and API. Every trace user is a row of the verdict.

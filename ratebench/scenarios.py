@@ -495,8 +495,9 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
 
 
 def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
-    """Limits never reached, the same without engine events, feature off and stock vLLM, interleaved
-    round by round in a rotating order: output throughput of each.
+    """Limits never reached, the same without engine events, feature off and stock vLLM (those the
+    profile's ``against`` names), interleaved round by round in a rotating order: output throughput
+    of each.
 
     The events-off engine runs in the first scheduling mode only (one engine more per mode costs
     memory, or restarts where ``profile.max_engines`` is small)."""
@@ -515,11 +516,13 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
     def estimate(limits: Limits | None) -> PhaseEstimate:
         return PhaseEstimate(None, f"limits never reached: {p['streams']} x {p['max_tokens']} tok")
 
+    against = p.get("against", ["feature-off", "stock", "no-events"])
     plans = []
     for mode in spec.scheduling:
-        roles = [ROLE_FEATURE_ON, ROLE_FEATURE_OFF, ROLE_STOCK]
-        if mode == spec.scheduling[0]:
-            roles.insert(1, ROLE_NO_EVENTS)
+        roles = [ROLE_FEATURE_ON]
+        if mode == spec.scheduling[0] and "no-events" in against:
+            roles.append(ROLE_NO_EVENTS)
+        roles += [role for role, name in ((ROLE_FEATURE_OFF, "feature-off"), (ROLE_STOCK, "stock")) if name in against]
         for rnd in range(p["rounds"]):
             # Rotate the order each round so no engine always goes first.
             order = roles[rnd % len(roles):] + roles[: rnd % len(roles)]

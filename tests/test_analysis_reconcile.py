@@ -82,3 +82,14 @@ def test_cancelled_stream_must_be_aborted_not_finished_normally_afterwards():
 
 def test_events_after_the_finish_event_fail():
     assert not check(record(), engine(events_after_finish=1)).ok
+
+
+def test_a_short_answer_that_ended_in_the_step_under_way_at_the_cancel_passes():
+    # the client closed after 2 of 3 tokens; the step already under way sampled the third and the
+    # answer ended at max_tokens before the abort reached the engine
+    rec = record(cancelled=True, cancel_ns=2, completion_tokens=None, finish_reason=None, chunk_ns=[1, 2],
+                 chunk_tokens=[1, 1])
+    assert check(rec, engine(finish_ns=4, emit_events_after_cancel=1, tokens_after_cancel=1)).ok
+    # more steps than the one under way: the abort was not heeded
+    c = check(rec, engine(finish_ns=9, emit_events_after_cancel=2, tokens_after_cancel=2))
+    assert not c.ok and "not 'abort'" in c.problem

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ratebench.cli import app
+from ratebench.scenarios import plan_scenario
 from ratebench.profiles import (
     BUILTIN_DIR,
     SCENARIO_KINDS,
@@ -254,3 +255,33 @@ def test_builtin_profiles_ship_in_the_package_and_the_checkout_points_there() ->
     out = subprocess.run([sys.executable, "-c", "import ratebench.profiles as p; print(p.__file__)"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("profiles.py")
+
+
+def test_overhead_compares_with_the_engines_it_names() -> None:
+    tiny = next(s for s in load_profile("cpu-tiny").scenarios if s.kind == "overhead")
+    assert tiny.params["against"] == ["feature-off"]
+    assert {p.engine for p in plan_scenario(tiny)} == {"patched-sync", "feature-off-sync"}
+    full = next(s for s in load_profile("cpu-tiny-overhead").scenarios if s.kind == "overhead")
+    assert {p.engine for p in plan_scenario(full)} == {"patched-sync", "patched-noevents-sync", "feature-off-sync",
+                                                      "stock-sync"}
+    data = _cpu_tiny()
+    over = next(s for s in data["scenarios"] if s["kind"] == "overhead")
+    i = data["scenarios"].index(over)
+    for bad in (["vllm"], [], ["stock", "stock"]):
+        over["against"] = bad
+        _refused(data, f"scenarios[{i}].against", "distinct engines among")
+
+
+def test_kv_pressure_and_active_cap_fairness_are_refused_when_they_cannot_show_anything() -> None:
+    data = _cpu_tiny()
+    kv = next(s for s in data["scenarios"] if s["kind"] == "kv-pressure")
+    i = data["scenarios"].index(kv)
+    kv["user"] = "user-slow"  # 5 tok/s: below the throttled user's 20
+    _refused(data, f"scenarios[{i}].user", "a user whose limit is above user-a's")
+    data = _cpu_tiny()
+    cap = next(s for s in data["scenarios"] if s["kind"] == "active-cap-fairness")
+    i = data["scenarios"].index(cap)
+    cap["users"], cap["streams"] = 2, 2  # 4 streams on 4 places: nothing scarce
+    _refused(data, f"scenarios[{i}].users", "more streams in all than engine.max_num_active_seqs")
+    cap["users"], cap["streams"] = 9, 2  # 18 streams for 16 resident slots
+    _refused(data, f"scenarios[{i}].users", "within engine.max_num_seqs")

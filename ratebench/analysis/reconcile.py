@@ -177,7 +177,10 @@ def reconcile_request(
         if eng.finish_ns is not None and cancel_ns is not None:
             out.abort_latency_ns = eng.finish_ns - cancel_ns
         finished_before = eng.finish_ns is not None and cancel_ns is not None and eng.finish_ns <= cancel_ns
-        if eng.finish_reason != "abort" and not finished_before:
+        # the steps already under way when the abort arrived may end the answer (a short one)
+        ended_in_flight = (eng.finish_reason in ("length", "stop")
+                           and 0 < eng.emit_events_after_cancel <= cancel_max_steps)
+        if eng.finish_reason != "abort" and not finished_before and not ended_in_flight:
             return fail(f"cancelled, but the engine finished it with {eng.finish_reason!r}, not 'abort'")
         if eng.emit_events_after_cancel > cancel_max_steps:
             return fail(
