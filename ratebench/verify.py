@@ -17,7 +17,7 @@ from pathlib import Path
 from ratebench.analysis.checks import build_checks
 from ratebench.analysis.load import RunData, RunFolderError, load_run
 from ratebench.analysis.partial import keep_completed_phases
-from ratebench.analysis.summary import summarize_run
+from ratebench.analysis.summary import Measure, summarize_run
 from ratebench.analysis.verdict import Thresholds, Verdict
 
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_PARTIAL", "EXIT_PASSED", "EXIT_UNUSABLE", "RunFolderError", "VerifyResult",
@@ -99,7 +99,7 @@ def _analyse_run(run_dir: str | Path, th: Thresholds, partial: bool) -> VerifyRe
     stages["load"] = time.perf_counter() - t0
     stages.update({f"load: {k}": v for k, v in run.stage_s.items()})
     t1 = time.perf_counter()
-    summary = summarize_run(run, th)
+    summary = summarize_run(run, Measure(burst_ns=th.burst_ns, emit_tolerance_ns=th.emit_tolerance_ns))
     stages["analyse"] = time.perf_counter() - t1
     stages.update({f"analyse: {k}": v for k, v in summary.stage_s.items()})
     t2 = time.perf_counter()

@@ -22,7 +22,7 @@ from synthetic_runs import edit_scenarios
 def _checks(run_dir, name):
     run = load_run(run_dir)
     th = Thresholds()
-    return [c for c in build_checks(run, summarize_run(run, th), th) if c.name == name]
+    return [c for c in build_checks(run, summarize_run(run), th) if c.name == name]
 
 
 def _rewrite_events(run_dir, keep):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ratebench.analysis import EngineRequestView, reconcile_request
+from ratebench.analysis.reconcile import cancel_problem
 from ratebench.events import ClientRecord
 
 
@@ -20,8 +21,13 @@ def engine(**kw) -> EngineRequestView:
     return EngineRequestView(**base)
 
 
-def check(rec, eng, **kw):
-    return reconcile_request(rec, eng, engine_has_events=eng is not None, **kw)
+def check(rec, eng, max_steps: int = 1):
+    """The request's figures, and for a cancelled one the judgement checks.py makes of them."""
+    c = reconcile_request(rec, eng, engine_has_events=eng is not None)
+    if c is not None and rec.cancelled:
+        c.problem = cancel_problem(c, max_steps)
+        c.ok = c.problem is None
+    return c
 
 
 def test_usage_streamed_and_emitted_agree():
@@ -92,4 +98,6 @@ def test_a_short_answer_that_ended_in_the_step_under_way_at_the_cancel_passes():
     assert check(rec, engine(finish_ns=4, emit_events_after_cancel=1, tokens_after_cancel=1)).ok
     # more steps than the one under way: the abort was not heeded
     c = check(rec, engine(finish_ns=9, emit_events_after_cancel=2, tokens_after_cancel=2))
-    assert not c.ok and "not 'abort'" in c.problem
+    assert not c.ok and "2 steps (2 tokens) after the cancel" in c.problem
+    # the step threshold is the check's: two steps in flight allowed (--cancel-max-steps 2)
+    assert check(rec, engine(finish_ns=9, emit_events_after_cancel=2, tokens_after_cancel=2), max_steps=2).ok

@@ -9,6 +9,7 @@ from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_ON
 from ratebench.analysis.pressure import place_shares, stream_waits
+from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
 
@@ -77,13 +78,14 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                                 if bad else f"{len(finished)} finished requests: usage = streamed = emitted"))
         cancelled = [c for c in req_checks if c.cancelled]
         if cancelled:
-            bad = [c for c in cancelled if not c.ok]
+            problems = [cancel_problem(c, th.cancel_max_steps) for c in cancelled]
+            bad = [p for p in problems if p is not None]
             worst = max((c.emit_events_after_cancel or 0) for c in cancelled)
             charged = sum(c.charged_tokens or 0 for c in cancelled)
             lat = [c.abort_latency_ns for c in cancelled if c.abort_latency_ns is not None]
             lat_text = f", abort reached the engine within {max(lat) / 1e6:.1f} ms" if lat else ""
             checks.append(Check("cancellation", *ids, worst, th.cancel_max_steps, "<=", "steps", not bad,
-                                bad[0].problem if bad else
+                                bad[0] + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") if bad else
                                 f"{len(cancelled)} cancelled: engine stopped, at most {worst} step(s) after the "
                                 f"cancel, {charged} tokens charged{lat_text}"))
         # 6. every charge samples a token: dispatch events = emitted tokens, request by request

@@ -129,7 +129,11 @@ class RequestCheck:
     emitted_tokens: int | None
     charged_tokens: int | None  # dispatch events (cancelled: what the user paid)
     emit_events_after_cancel: int | None = None
+    tokens_after_cancel: int | None = None
     abort_latency_ns: int | None = None  # cancel_ns to the engine's finish event
+    # cancelled: how the engine finished it when that was after the cancel and not by the abort
+    # ("length", "stop"), else None; checks.cancel_problem judges it with the step threshold
+    finished_after_cancel_as: str | None = None
 
 
 def view_of(totals: EngineRequestTotals, code: int, after_cancel=None, after_finish=None) -> EngineRequestView:
@@ -146,9 +150,7 @@ def view_of(totals: EngineRequestTotals, code: int, after_cancel=None, after_fin
     )
 
 
-def reconcile_request(
-    rec: ClientRecord, eng: EngineRequestView | None, *, engine_has_events: bool, cancel_max_steps: int = 1
-) -> RequestCheck | None:
+def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engine_has_events: bool) -> RequestCheck | None:
     """Check one request; None when it is not reconcilable (refused with an error)."""
     if rec.error is not None or (rec.http_status is not None and rec.http_status != 200):
         return None
@@ -176,17 +178,10 @@ def reconcile_request(
         out.emit_events_after_cancel = eng.emit_events_after_cancel
         if eng.finish_ns is not None and cancel_ns is not None:
             out.abort_latency_ns = eng.finish_ns - cancel_ns
+        out.tokens_after_cancel = eng.tokens_after_cancel
         finished_before = eng.finish_ns is not None and cancel_ns is not None and eng.finish_ns <= cancel_ns
-        # the steps already under way when the abort arrived may end the answer (a short one)
-        ended_in_flight = (eng.finish_reason in ("length", "stop")
-                           and 0 < eng.emit_events_after_cancel <= cancel_max_steps)
-        if eng.finish_reason != "abort" and not finished_before and not ended_in_flight:
-            return fail(f"cancelled, but the engine finished it with {eng.finish_reason!r}, not 'abort'")
-        if eng.emit_events_after_cancel > cancel_max_steps:
-            return fail(
-                f"engine emitted {eng.emit_events_after_cancel} steps ({eng.tokens_after_cancel} tokens) "
-                f"after the cancel; at most {cancel_max_steps} allowed"
-            )
+        if eng.finish_reason != "abort" and not finished_before:
+            out.finished_after_cancel_as = eng.finish_reason
         if eng.finish_count is not None and eng.finish_count != eng.emitted:
             return fail(f"finish event counts {eng.finish_count} tokens, emit events {eng.emitted}")
         return out
@@ -209,3 +204,18 @@ def reconcile_request(
         if rec.completion_tokens != rec.max_tokens:
             return fail(f"ignore_eos: {rec.completion_tokens} tokens, max_tokens {rec.max_tokens}")
     return out
+
+
+def cancel_problem(c: RequestCheck, max_steps: int) -> str | None:
+    """What is wrong with a cancelled request, judged with ``max_steps`` (emit events allowed after the
+    cancel: the steps under way when the abort arrived); None when nothing is."""
+    if not c.ok:
+        return c.problem
+    after = c.emit_events_after_cancel or 0
+    if after > max_steps:
+        return (f"{c.client_id}: engine emitted {after} steps ({c.tokens_after_cancel} tokens) after the cancel; "
+                f"at most {max_steps} allowed")
+    # the steps under way when the abort arrived may end a short answer: no failure then
+    if c.finished_after_cancel_as is not None and not (c.finished_after_cancel_as in ("length", "stop") and after > 0):
+        return f"{c.client_id}: cancelled, but the engine finished it with {c.finished_after_cancel_as!r}, not 'abort'"
+    return None

@@ -32,7 +32,8 @@ from ratebench.analysis.series import request_streams
 from ratebench.analysis.spacing import check_spacing
 from ratebench.analysis.steps import EngineStep, engine_step, step_latencies, step_periods
 from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
-from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, Thresholds, UserPhaseSummary
+from ratebench.analysis.bound import BURST_NS
+from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, UserPhaseSummary
 from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
 
 FINISH_STOP, FINISH_LENGTH = 1, 2  # events.FINISH_REASONS codes
@@ -72,8 +73,18 @@ def client_user(user: str | None) -> str:
     return ANONYMOUS if user is None else user
 
 
-def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
-    """Compute every per-user figure of a loaded run."""
+@dataclass(frozen=True)
+class Measure:
+    """What the figures are measured against: the promise's burst (the bound's 100 ms) and how far
+    windows on emit events are widened (None: the longest engine step measured). No threshold:
+    the checks (:mod:`ratebench.analysis.checks`) judge the figures."""
+
+    burst_ns: int = BURST_NS
+    emit_tolerance_ns: int | None = None
+
+
+def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
+    """Compute every per-user figure of a loaded run, from the run alone."""
     summary = RunSummary({}, {}, [], {}, [])
     rows = summary.rows
     for p in run.phases:
@@ -86,10 +97,10 @@ def summarize_run(run: RunData, thresholds: Thresholds) -> RunSummary:
     phase_of = {p.key: p.index for p in run.phases}
     for name in run.traces:
         t0 = time.perf_counter()
-        _summarize_engine(run, name, summary, thresholds, phase_of)
+        _summarize_engine(run, name, summary, measure, phase_of)
         summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _summarize_clients(run, summary, thresholds, phase_of)
+    _summarize_clients(run, summary, measure, phase_of)
     summary.overheads = overhead_summaries(run, phase_of)
     summary.waiting = waiting_summaries(run, summary.rows, summary.request_checks, summary.steps_per_phase)
     summary.warnings.extend(busy_machine_warnings(summary.overheads))
@@ -130,7 +141,7 @@ def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> User
     return summary.rows[key]
 
 
-def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Thresholds, phase_of: dict) -> None:
+def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict) -> None:
     trace = run.traces[name]
     eng = run.engines[name]
     lap = _Laps(summary.stage_s, f"engine {name}: ")
@@ -319,7 +330,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Threshol
             continue
         code = code_of_record.get(i)
         view = view_of(totals_py, code, after_cancel, after_finish) if code is not None else None
-        chk = reconcile_request(r, view, engine_has_events=True, cancel_max_steps=th.cancel_max_steps)
+        chk = reconcile_request(r, view, engine_has_events=True)
         _add_request_check(summary, phase_of, i, r, chk)
     lap("reconciliation per request")
 
@@ -489,7 +500,7 @@ def _add_request_check(summary: RunSummary, phase_of: dict, i: int, r, chk: Requ
         summary.request_checks.setdefault((p_index, summary.user_of(i, r.user)), []).append(chk)
 
 
-def _summarize_clients(run: RunData, summary: RunSummary, th: Thresholds, phase_of: dict) -> None:
+def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict) -> None:
     by_group: dict[tuple[int, str], list] = {}
     for i, r in enumerate(run.records):
         p_index = phase_of.get((r.scenario, r.phase, r.engine))
