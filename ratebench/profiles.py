@@ -765,11 +765,15 @@ class _Validator:
         names: set[str] = set()
         open_keys = ("rate", "tier_rate", "burst", "burst_requests")
         closed_keys = ("streams", "requests", "think_s", "backlogged")
-        tier_keys = {"name", "users", "limit_tps", "arrival", *open_keys, *closed_keys}
+        tier_keys = {"name", "users", "limit_tps", "arrival", "isolated", *open_keys, *closed_keys}
         for i, tier in enumerate(p["tiers"]):
             at = f"{where}.tiers[{i}]"
             self.keys(tier, at, tier_keys, required={"name", "users"})
             name = self.get(tier, at, "name", "str", REQUIRED)
+            # a tier whose users must proceed as in the mix-baseline phase (a limit they never reach)
+            if self.get(tier, at, "isolated", "bool", False) and not p["baseline"]:
+                raise ProfileError(self.path, f"{at}.isolated", f"{where}.baseline = true with it (the phase its "
+                                   "users are compared with)", has_got=False)
             if not all(c.isalnum() or c in "-_." for c in name) or name in names:
                 raise ProfileError(self.path, f"{at}.name", "a unique name of letters, digits, - _ .", name)
             names.add(name)

@@ -732,10 +732,13 @@ def _mix_users(p: dict[str, Any], requests: list[TraceRequest]) -> dict[str, dic
     """The mix's users, each tier user with its tier; backlogged: the users of closed-loop tiers that say so."""
     tier_of = tier_of_users(p["tiers"])
     backlogged_tiers = {t["name"] for t in p["tiers"] if t.get("backlogged", False)}
+    isolated_tiers = {t["name"] for t in p["tiers"] if t.get("isolated", False)}
     users = _trace_users(requests, [u for u, tier in tier_of.items() if tier in backlogged_tiers])
     for user, info in users.items():
         if user in tier_of:
             info["tier"] = tier_of[user]
+            if tier_of[user] in isolated_tiers:
+                info["isolated"] = True
     return users
 
 

@@ -285,3 +285,12 @@ def test_kv_pressure_and_active_cap_fairness_are_refused_when_they_cannot_show_a
     _refused(data, f"scenarios[{i}].users", "more streams in all than engine.max_num_active_seqs")
     cap["users"], cap["streams"] = 9, 2  # 18 streams for 16 resident slots
     _refused(data, f"scenarios[{i}].users", "within engine.max_num_seqs")
+
+
+def test_an_isolated_mix_tier_needs_the_baseline_phase() -> None:
+    data = _cpu_tiny()
+    mix = next(s for s in data["scenarios"] if s["kind"] == "mix")
+    i = data["scenarios"].index(mix)
+    mix["baseline"] = False
+    team = next(k for k, t in enumerate(mix["tiers"]) if t.get("isolated"))
+    _refused(data, f"scenarios[{i}].tiers[{team}].isolated", "baseline = true with it")

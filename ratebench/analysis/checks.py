@@ -226,13 +226,22 @@ def _p99(row: UserPhaseSummary) -> float | None:
     return g.p99_ns if g else None
 
 
+def _isolated_users(base, sh) -> list[str]:
+    """The users judged against the baseline phase: all of its users, or in a mix, the users of the
+    tiers marked isolated (the others run at their limits beside the limiter-off baseline)."""
+    if sh.kind == "mix":
+        return [u for u in base.users if sh.users.get(u) is not None and sh.users[u].get("isolated")]
+    return list(base.users)
+
+
 def _isolation(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     out = []
     for base in (p for p in run.phases if p.role == "baseline"):
-        shared = [p for p in run.phases if p.role == "shared" and p.scenario == base.scenario]
+        shared = [p for p in run.phases if p.scenario == base.scenario
+                  and (p.role == "shared" or (p.kind == "mix" and p.role == "measure"))]
         same_engine = [p for p in shared if p.engine == base.engine]
         for sh in same_engine or shared[:1]:
-            for user in base.users:
+            for user in _isolated_users(base, sh):
                 b, x = s.rows.get((base.index, user)), s.rows.get((sh.index, user))
                 if b is None or x is None:
                     continue
