@@ -169,9 +169,9 @@ burst = true
 
 [[scenarios]]
 kind = "kv-pressure"
-throttled_user = "user-a"        # 2 streams of 800-token prompts: 52 of the 64 blocks
+throttled_user = "user-a"        # 2 streams of 900-token prompts: 58 of the 64 blocks
 throttled_streams = 2
-prompt_tokens = 800
+prompt_tokens = 900
 user = "user-fast"               # 3 requests of 256 + 20 tokens (9 blocks each)
 requests = 3
 interval_s = 0.4
