@@ -371,6 +371,9 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "chat_fraction": ("fraction", 0),
         "lateness_ms": ("pos_num", 20),
         "baseline": ("bool", False),  # also replay on the limiter-off engine (limits raised)
+        # engine steps allowed after a client's cancel (verify-bound's --cancel-max-steps when higher):
+        # under a heavy mix an abort reaches the engine a few steps late, the limiter off alike
+        "cancel_max_steps": ("pos_int", None),
     },
 }
 # Kinds whose requests say their own prompt and API (no common parameters).
