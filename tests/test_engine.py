@@ -80,13 +80,21 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
     from ratebench.runner import Run, RunOptions
     from ratebench.scenarios import plan_scenario
 
-    # cpu-tiny: patched sync and async, and for the overhead scenario (sync) the patched engine
-    # without events, feature off and stock: five engines.
-    plans = [p for spec in load_profile("cpu-tiny").scenarios for p in plan_scenario(spec)]
+    def five_engines():
+        """cpu-tiny with the overhead scenario in full (as cpu-tiny-overhead has it): patched sync
+        and async, and for the overhead scenario (sync) the patched engine without events, feature
+        off and stock."""
+        profile = load_profile("cpu-tiny")
+        for spec in profile.scenarios:
+            if spec.kind == "overhead":
+                spec.params["against"] = ["feature-off", "stock", "no-events"]
+        return profile
+
+    plans = [p for spec in five_engines().scenarios for p in plan_scenario(spec)]
     names = set(p.engine for p in plans)
     assert names == {"patched-sync", "patched-async", "patched-noevents-sync", "feature-off-sync", "stock-sync"}
     for cap in (1, 2, 4, 5):
-        profile = load_profile("cpu-tiny")
+        profile = five_engines()
         profile.max_engines = cap
         engines = Run(profile, RunOptions(results_dir=tmp_path / str(cap)), Console(stderr=True)).engine_set
         starts: list[list[str]] = []
