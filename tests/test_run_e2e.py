@@ -169,7 +169,8 @@ burst = true
 
 [[scenarios]]
 kind = "kv-pressure"
-throttled_user = "user-a"        # 2 streams of 900-token prompts: 58 of the 64 blocks
+throttled_user = "user-slow"     # 5 tok/s, 2 streams of 900-token prompts: 58 of the 64 blocks
+                                 # (a preempted stream's recompute, 8 chunks, costs under a token)
 throttled_streams = 2
 prompt_tokens = 900
 user = "user-fast"               # 3 requests of 256 + 20 tokens (9 blocks each)
