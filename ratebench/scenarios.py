@@ -858,12 +858,18 @@ _LABEL_RE = re.compile(r'(\w+)="([^"]*)"')
 async def engine_metrics(endpoint: str) -> dict[str, float]:
     """The engine's preemptions so far, its KV cache use now (a fraction) and its KV cache size in
     tokens (``kv_cache_tokens``), from /metrics; empty when not exported or not reachable."""
+    text = await _metrics_text(endpoint)
+    return parse_engine_metrics(text) if text is not None else {}
+
+
+async def _metrics_text(endpoint: str) -> str | None:
+    """The engine's /metrics page; None when it cannot be read."""
     try:
         async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
             r = await client.get(f"{endpoint}/metrics")
     except httpx.HTTPError:
-        return {}
-    return parse_engine_metrics(r.text)
+        return None
+    return r.text
 
 
 def parse_engine_metrics(text: str) -> dict[str, float]:
@@ -886,13 +892,9 @@ _METRIC_RE = re.compile(r"^(vllm:prefix_cache_(?:hits|queries)(?:_total)?)\{[^}]
 
 async def prefix_cache_counters(endpoint: str) -> dict[str, float]:
     """vLLM's prefix-cache counters from /metrics (empty when not exported)."""
-    try:
-        async with httpx.AsyncClient(timeout=10.0, verify=ssl_context()) as client:
-            r = await client.get(f"{endpoint}/metrics")
-    except httpx.HTTPError:
-        return {}
+    text = await _metrics_text(endpoint)
     out: dict[str, float] = {}
-    for name, value in _METRIC_RE.findall(r.text):
+    for name, value in _METRIC_RE.findall(text or ""):
         key = name.removeprefix("vllm:").removesuffix("_total") + "_tokens"
         out[key] = out.get(key, 0.0) + float(value)
     return out

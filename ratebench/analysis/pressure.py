@@ -33,7 +33,7 @@ import numpy as np
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.load import RunData
 from ratebench.events import KIND_DISPATCH, PhaseRecord
-from ratebench.profiles import ANONYMOUS_USER
+from ratebench.analysis.summary import client_user
 
 # The first steps after the last user's first request: its prefill, before it can take a place.
 SETTLE_NS = 200_000_000
@@ -112,10 +112,6 @@ def _dispatch_by_record(run: RunData, phase: PhaseRecord) -> dict[int, np.ndarra
     return out
 
 
-def _user_of(user: str | None) -> str:
-    return user or ANONYMOUS_USER
-
-
 def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
     """The longest wait of every stream of the phase's ``params.stream_wait`` users."""
     users = [u for u in phase.params.get("stream_wait") or [] if u in phase.users]
@@ -129,7 +125,7 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
             continue
         mine = [i for i, r in enumerate(run.records)
                 if r.engine == phase.engine and r.scenario == phase.scenario and r.phase == phase.phase
-                and _user_of(r.user) == user and r.sent_ns is not None]
+                and client_user(r.user) == user and r.sent_ns is not None]
         firsts = [int(by_record[i][0]) for i in mine if i in by_record and len(by_record[i])]
         user_first = min(firsts) if firsts else None
         waits = []
@@ -173,7 +169,7 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
     for i, r in enumerate(run.records):
         if r.engine != phase.engine or r.scenario != phase.scenario or r.phase != phase.phase or r.sent_ns is None:
             continue
-        u = _user_of(r.user)
+        u = client_user(r.user)
         first_sent[u] = min(first_sent.get(u, r.sent_ns), r.sent_ns)
         t = by_record.get(i)
         if t is not None and len(t):
