@@ -188,7 +188,8 @@ class NoWaitingPreemption(Mutant):
 
         pick = scheduler._output_rate_victim
         # The waiting loop asks on behalf of a waiting request, the running loop of a running one.
-        scheduler._output_rate_victim = lambda request: pick(request) if request.status == RequestStatus.RUNNING else None
+        scheduler._output_rate_victim = (
+            lambda request, **kw: pick(request, **kw) if request.status == RequestStatus.RUNNING else None)
 
 
 class ClumpedLimiter(OutputRateLimiter):
@@ -312,3 +313,25 @@ class NoClaims(Mutant):
 
     def apply(self, scheduler) -> None:
         scheduler._advance_output_rate_claims = lambda *args, **kwargs: None
+
+
+class ClaimsIdleDuringRecompute(Mutant):
+    """A preempted stream's claim keeps its user's next token in every step of its recompute, also
+    in the chunks that cannot sample (the patch before claims waited for the last chunk): the token
+    is refunded at each step's end, and its siblings get none meanwhile."""
+
+    name = "claims-idle-during-recompute"
+
+    def apply(self, scheduler) -> None:
+        reserve = scheduler._reserve_output_rate_turns
+
+        def reserve_in_every_chunk(now_ns):
+            # the claim thinks every recompute ends within this step
+            saved = scheduler.max_num_scheduled_tokens
+            scheduler.max_num_scheduled_tokens = 1 << 40
+            try:
+                reserve(now_ns)
+            finally:
+                scheduler.max_num_scheduled_tokens = saved
+
+        scheduler._reserve_output_rate_turns = reserve_in_every_chunk
