@@ -90,7 +90,7 @@ def test_a_phase_without_pressure_fails_kv_pressure_applied(tmp_path):
     assert "never ran short of KV" in check.explanation
 
 
-def _places_run(tmp_path, users=4, streams=2, high=False):
+def _places_run(tmp_path, users=4, streams=2, high=False, high_delay_ns=300_000_000):
     limits = {f"cap-{i:02d}": 1000 for i in range(users)}
     if high:
         limits["cap-high"] = 5000
@@ -98,7 +98,7 @@ def _places_run(tmp_path, users=4, streams=2, high=False):
     reqs, n = [], 0
     for u in limits:
         for k in range(streams):
-            delay = 300_000_000 if u == "cap-high" else 0
+            delay = high_delay_ns if u == "cap-high" else 0
             reqs.append(SimRequest(f"rb-5e1f0001-{n}", u, n, 200, arrive_offset_ns=delay))
             n += 1
     phase = SimPhase("active-cap-fairness", "active-cap-fairness", "cap-high" if high else "cap-equal",
@@ -141,6 +141,18 @@ def test_users_left_out_of_the_places_fail_place_share(tmp_path, high):
     jain = _checks(run_dir, "place-share-jain")[0]
     assert not share.passed and share.user in late and share.figure < 0.1, share.explanation
     assert not jain.passed
+
+
+def test_a_phase_whose_users_never_all_want_tokens_at_once_fails_place_share(tmp_path):
+    # cap-high arrives after every other user is done: nothing was measured. Judged as the users'
+    # shares from the last arrival to the phase's end, the users done early would count 0 and the
+    # check would blame the limiter; it fails instead for the phase's size, saying what to change.
+    run_dir = _places_run(tmp_path, high=True, high_delay_ns=10_000_000_000)
+    (share,) = _checks(run_dir, "place-share")
+    assert not share.passed and share.figure == 0.0 and share.unit == "s measured", share.explanation
+    assert "never all wanted tokens at once" in share.explanation and "max_tokens" in share.explanation
+    assert "cap-00" in share.user and "cap-high" not in share.user
+    assert not _checks(run_dir, "place-share-jain")
 
 
 def test_fair_shares_fill_up_to_each_limit():

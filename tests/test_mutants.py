@@ -23,7 +23,6 @@ from mutants.broken import (
     ClumpedRelease,
     LateReady,
     ChargeEveryPrefillChunk,
-    ClaimsIdleDuringRecompute,
     HalfRate,
     NeverThrottle,
     NoRefund,
@@ -133,6 +132,21 @@ def kv_recompute() -> Workload:
     ], scheduler_kw=dict(num_blocks=150, block_size=16, max_num_seqs=16, max_num_batched_tokens=128))
 
 
+def kv_tiny() -> Workload:
+    """cpu-tiny's kv-pressure phase, on the scheduler: user-a (20 tok/s) with six 1,280-token
+    streams on 4 active places and 256 KV blocks of 32 tokens, 256-token chunks; user-c's four
+    512-token requests 0.8 s apart need the KV that user-a's streams hold, and user-a's own
+    streams outgrow it. (It found three faults of the first version of the bench: prompt chunks
+    held with a throttled user's requests, a stream with its user's token kept never taken from
+    the bench, and new prompts starving behind refused streams.)"""
+    return Workload(default_tps=100, user_tps={"user-a": 20, "user-c": 200}, phases=[
+        Phase("kv-shared", [Stream("user-a", 50, prompt_len=1280) for _ in range(6)]
+              + [Stream("user-c", 60, prompt_len=512, start_s=0.6 + 0.8 * k) for k in range(4)],
+              backlogged={"user-a"}, params={"stream_wait": ["user-a"]}),
+    ], scheduler_kw=dict(num_blocks=256, block_size=32, max_num_seqs=16, max_num_active_seqs=4,
+                         max_num_batched_tokens=256, enable_prefix_caching=True))
+
+
 def active_places() -> Workload:
     """No limit binds; 2 active places of 16. cap-equal: 6 users with 2 streams each at once, 10 of
     the 12 queued at first. cap-high: the 6 users with one stream each, then cap-high's 2 streams."""
@@ -148,7 +162,7 @@ def active_places() -> Workload:
 
 # the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
-                                     long_prompt_closed_loop, active_places)}
+                                     long_prompt_closed_loop, active_places, kv_tiny)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
 
 
@@ -471,20 +485,17 @@ def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_
     assert failed <= {"stream-fairness", "stream-wait"}, verdict.summary()
 
 
+@pytest.mark.xfail(strict=True, reason="known defect (issue 12): a preempted stream's claim keeps its user's "
+                   "token in every chunk of its recompute, so the budget idles (kept, then refunded)")
 @SYNC_AND_ASYNC
-def test_a_claim_that_holds_the_budget_through_a_chunked_recompute_fails_even_spacing(judged, async_scheduling):
-    """user-a's preempted stream recomputes a 900-token prompt in eight chunks. A claim that keeps the
-    user's token in each chunk idles the budget (kept, then refunded) and the user falls behind its
-    rate; the shipped claim waits for the chunk that samples, and user-a's tokens stay even.
-
-    (stream-fairness fails on this workload either way: a stream cannot sample while it recomputes,
-    its sibling spends the budget meanwhile, and no turn is owed back afterwards. Noted on issue 12.)"""
-    _, broken = judged("kv_recompute", ClaimsIdleDuringRecompute, async_scheduling=async_scheduling)
-    spacing = {name for name, phase, user in failures(broken) if user == "user-a" and name in SPACING}
-    assert spacing, broken.summary()
-    assert check(broken, "even-spacing-dispatch", "shared", "user-a").figure > 2.5
+def test_a_stream_recomputing_its_prompt_in_chunks_does_not_idle_its_users_budget(judged, async_scheduling):
+    """user-a's preempted stream recomputes a 900-token prompt in eight chunks. Its claim keeps the
+    user's next token from the step its turn comes; in the chunks that cannot sample, the token is
+    refunded at the step's end and its sibling gets none, so user-a falls 4.5 tokens behind its
+    rate (allowed 2.2). Giving the token to the sibling instead (a claim only in the chunk that can
+    sample) keeps the rate but breaks stream-fairness on kv_tiny (a spread of 8 against 2, where
+    the shipped claim keeps 2): the claimant then needs KV rights without a token, and turns owed
+    back, which the stream-fairness check would still see during the recompute."""
     _, shipped = judged("kv_recompute", async_scheduling=async_scheduling)
     for name in SPACING:
         assert check(shipped, name, "shared", "user-a").passed, shipped.summary()
-    assert check(shipped, "stream-wait", "shared", "user-a").passed, shipped.summary()
-    assert {name for name, _, user in failures(shipped)} <= {"stream-fairness"}, shipped.summary()

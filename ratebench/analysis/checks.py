@@ -8,7 +8,7 @@ from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_ON
-from ratebench.analysis.pressure import place_shares, stream_waits
+from ratebench.analysis.pressure import SETTLE_NS, place_shares, stream_waits
 from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
@@ -376,7 +376,15 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
                 f"{th.stream_wait_slack_ns / 1e6:g} ms = {allowed_ns / 1e6:.0f} ms; the streams' longest waits "
                 + ", ".join(f"{x / 1e6:.0f}" for x in waits) + " ms"))
         ps = place_shares(run, p)
-        if ps is not None:
+        if ps is not None and ps.done_early:
+            out.append(Check(
+                "place-share", p.scenario, p.phase, p.engine, ", ".join(ps.done_early), 0.0, 0.0, ">",
+                "s measured", False,
+                f"the users never all wanted tokens at once: {', '.join(ps.done_early)} had every answer "
+                f"done before the last user's first request (plus {SETTLE_NS / 1e6:.0f} ms), so the places' "
+                "shares were never measured; lengthen the phase (the scenario's max_tokens) or bring the "
+                "last user sooner (lead_s)"))
+        elif ps is not None:
             worst_user, worst = ps.worst
             rates = ", ".join(f"{u} {ps.rates_tps[u]:.0f}/{ps.fair_tps[u]:.0f}" for u in sorted(ps.rates_tps))
             window = f"over {ps.window_s:.2f} s while every user wanted tokens; tok/s got/fair: {rates}"

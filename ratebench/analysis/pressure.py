@@ -77,6 +77,9 @@ class PlaceShares:
     rates_tps: dict[str, float]
     fair_tps: dict[str, float]
     ratios: dict[str, float] = field(default_factory=dict)  # rate / fair share
+    # Users whose requests had all ended before the last user arrived (plus SETTLE_NS): the users
+    # never all wanted tokens at once, so the phase measured nothing (sized too short).
+    done_early: list[str] = field(default_factory=list)
 
     @property
     def window_s(self) -> float:
@@ -165,6 +168,7 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
     by_record = _dispatch_by_record(run, phase)
     first_sent: dict[str, int] = {}
     last_token: dict[str, int] = {}
+    ended: dict[str, int] = {}  # when the user's last request ended (done, or its last token)
     times: dict[str, list[np.ndarray]] = {}
     for i, r in enumerate(run.records):
         if r.engine != phase.engine or r.scenario != phase.scenario or r.phase != phase.phase or r.sent_ns is None:
@@ -172,13 +176,21 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
         u = client_user(r.user)
         first_sent[u] = min(first_sent.get(u, r.sent_ns), r.sent_ns)
         t = by_record.get(i)
+        end_ns = r.done_ns or 0
         if t is not None and len(t):
             times.setdefault(u, []).append(t)
             last_token[u] = max(last_token.get(u, 0), int(t[-1]))
+            end_ns = max(end_ns, int(t[-1]))
+        if r.done_ns is None:
+            end_ns = np.iinfo(np.int64).max  # never ended: it still wanted tokens
+        ended[u] = max(ended.get(u, 0), end_ns)
     users = [u for u in phase.users if u in first_sent]
     if len(users) < 2:
         return None
     start = max(first_sent[u] for u in users) + SETTLE_NS
+    done_early = [u for u in users if ended[u] <= start]
+    if done_early:
+        return PlaceShares(int(start), int(start), {}, {}, {}, done_early)
     end = min(last_token.get(u, 0) for u in users)
     if end <= start:
         # a user had no token after everyone arrived: measure to the end of the phase, where it gets 0

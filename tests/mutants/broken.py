@@ -313,25 +313,3 @@ class NoClaims(Mutant):
 
     def apply(self, scheduler) -> None:
         scheduler._advance_output_rate_claims = lambda *args, **kwargs: None
-
-
-class ClaimsIdleDuringRecompute(Mutant):
-    """A preempted stream's claim keeps its user's next token in every step of its recompute, also
-    in the chunks that cannot sample (the patch before claims waited for the last chunk): the token
-    is refunded at each step's end, and its siblings get none meanwhile."""
-
-    name = "claims-idle-during-recompute"
-
-    def apply(self, scheduler) -> None:
-        reserve = scheduler._reserve_output_rate_turns
-
-        def reserve_in_every_chunk(now_ns):
-            # the claim thinks every recompute ends within this step
-            saved = scheduler.max_num_scheduled_tokens
-            scheduler.max_num_scheduled_tokens = 1 << 40
-            try:
-                reserve(now_ns)
-            finally:
-                scheduler.max_num_scheduled_tokens = saved
-
-        scheduler._reserve_output_rate_turns = reserve_in_every_chunk
