@@ -184,7 +184,7 @@ max_tokens = 20
 kind = "active-cap-fairness"     # 3 users x 2 streams on 2 active places; then 3 x 1 and cap-high x 2
 users = 3
 streams = 2
-max_tokens = 60
+max_tokens = 160                 # 60 were done in 0.4 s once: before cap-high's arrival + settle
 lead_s = 0.2
 
 [[scenarios]]
