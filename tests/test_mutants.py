@@ -485,17 +485,18 @@ def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_
     assert failed <= {"stream-fairness", "stream-wait"}, verdict.summary()
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (issue 12): a preempted stream's claim keeps its user's "
-                   "token in every chunk of its recompute, so the budget idles (kept, then refunded)")
+@pytest.mark.xfail(strict=True, reason="known defect (issue 12): a preempted stream recomputing its prompt in "
+                   "chunks leaves its user's budget unspent (a claim kept through the chunks; the two streams "
+                   "preempting each other for KV)")
 @SYNC_AND_ASYNC
 def test_a_stream_recomputing_its_prompt_in_chunks_does_not_idle_its_users_budget(judged, async_scheduling):
-    """user-a's preempted stream recomputes a 900-token prompt in eight chunks. Its claim keeps the
-    user's next token from the step its turn comes; in the chunks that cannot sample, the token is
-    refunded at the step's end and its sibling gets none, so user-a falls 4.5 tokens behind its
-    rate (allowed 2.2). Giving the token to the sibling instead (a claim only in the chunk that can
-    sample) keeps the rate but breaks stream-fairness on kv_tiny (a spread of 8 against 2, where
-    the shipped claim keeps 2): the claimant then needs KV rights without a token, and turns owed
-    back, which the stream-fairness check would still see during the recompute."""
+    """user-a's preempted stream recomputes a 900-token prompt in eight chunks, and user-a falls 4.5
+    tokens behind its rate (allowed 2.2). Its claim keeps the user's next token in every chunk that
+    cannot sample (refunded at the step's end; its sibling gets none), and the claimant, readmitted,
+    preempts its sibling for KV, which then recomputes in turn (5 preemptions of user-a's streams).
+    Keeping the token only for the chunk that samples (with KV rights for the claimant) still left
+    user-a 4.0 behind, and without the rights it broke stream-fairness on kv_tiny (a spread of 8
+    against 2). See patches/vllm-0.32.0/README.md."""
     _, shipped = judged("kv_recompute", async_scheduling=async_scheduling)
     for name in SPACING:
         assert check(shipped, name, "shared", "user-a").passed, shipped.summary()
