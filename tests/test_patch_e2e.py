@@ -125,4 +125,9 @@ def test_patched_server_limits_one_user_with_four_streams(tmp_path, tiny_model):
         # engine can serve far more than 100 tok/s here.
         span_s = (int(t_ns[-1]) - int(t_ns[0])) / 1e9
         assert rates.seed_rate_tps <= limit + (0.1 * limit + 1) / span_s + 1e-6 * limit
-        assert 0.97 * limit <= rates.steady_rate_tps <= 1.01 * limit
+        # Below N only by what an engine stall explains: a 2-core machine now and then holds the
+        # engine ~70 ms (96.8 tok/s once at 100, in CI). A limiter that under-delivers evenly
+        # (every gap a little long) has no such stall and still fails.
+        stall_s = max(0.0, float(np.diff(t_ns).max()) / 1e9 - 1 / limit)
+        assert (0.97 - stall_s / span_s) * limit <= rates.steady_rate_tps <= 1.01 * limit, \
+            (user, rates, stall_s)
