@@ -176,13 +176,12 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
         u = client_user(r.user)
         first_sent[u] = min(first_sent.get(u, r.sent_ns), r.sent_ns)
         t = by_record.get(i)
-        end_ns = r.done_ns or 0
+        # a request never done still wanted tokens
+        end_ns = np.iinfo(np.int64).max if r.done_ns is None else r.done_ns
         if t is not None and len(t):
             times.setdefault(u, []).append(t)
             last_token[u] = max(last_token.get(u, 0), int(t[-1]))
             end_ns = max(end_ns, int(t[-1]))
-        if r.done_ns is None:
-            end_ns = np.iinfo(np.int64).max  # never ended: it still wanted tokens
         ended[u] = max(ended.get(u, 0), end_ns)
     users = [u for u in phase.users if u in first_sent]
     if len(users) < 2:
