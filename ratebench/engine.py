@@ -372,8 +372,9 @@ def engine_env(spec: EngineSpec, *, events_path: Path | str | None, overlay_dir:
         env.update(cpu_env)
         paths.append(cpu_env["PYTHONPATH"])
     if paths:
-        inherited = os.environ.get("PYTHONPATH")
-        env["PYTHONPATH"] = os.pathsep.join(paths + ([inherited] if inherited else []))
+        # The overlays go first; then the profile's own PYTHONPATH if it sets one, else the inherited.
+        behind = spec.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(paths + ([behind] if behind else []))
     if events_path is not None:
         env[EVENTS_ENV_VAR] = str(events_path)
     return env

@@ -427,10 +427,16 @@ def waiting(spec: ScenarioSpec) -> list[PhasePlan]:
     def estimate_waiting(limits: Limits | None) -> PhaseEstimate:
         return _at_limits(limits, [(user, p["streams"], p["max_tokens"])])
 
-    main = _main_engine(spec)
-    return [PhasePlan(spec.name, "idle", main, idle, estimate_idle),
-            PhasePlan(spec.name, "busy", main, busy, lambda limits: PhaseEstimate(None, "unthrottled: the engine's speed sets it")),
-            PhasePlan(spec.name, "waiting", main, throttled, estimate_waiting)]
+    # On every engine the profile runs: with async scheduling the engine loop waits differently (its
+    # batch queue holds the empty batch it just scheduled).
+    plans = []
+    for mode in spec.scheduling:
+        engine = engine_name(ROLE_FEATURE_ON, mode)
+        plans += [PhasePlan(spec.name, "idle", engine, idle, estimate_idle),
+                  PhasePlan(spec.name, "busy", engine, busy,
+                            lambda limits: PhaseEstimate(None, "unthrottled: the engine's speed sets it")),
+                  PhasePlan(spec.name, "waiting", engine, throttled, estimate_waiting)]
+    return plans
 
 
 # Every channel a client controls that a careless gateway or patch might take for the rate-limit user:

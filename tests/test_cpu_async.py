@@ -234,3 +234,17 @@ def test_engine_env_puts_the_overlay_after_the_stock_one(tmp_path):
     assert env[cpu_async.ENV_DIR] == str(tmp_path / "ca" / "stats")
     plain = engine_env(spec, events_path=None, overlay_dir=None)
     assert cpu_async.ENV_DIR not in plain
+
+
+def test_engine_env_keeps_the_profiles_own_pythonpath_behind_the_overlays(tmp_path, monkeypatch):
+    """A profile's ``env = { PYTHONPATH = ... }`` (a sitecustomize of its own, say) still reaches an
+    engine that runs through an overlay: behind the overlays, in place of the inherited path."""
+    monkeypatch.setenv("PYTHONPATH", "/inherited")
+    spec = EngineSpec(name="patched-async", kind="patched", feature=True, async_scheduling=True, model="/m",
+                      served_name="m", flags=[], cpu_async_overlay=True, env={"PYTHONPATH": "/profile-site"})
+    env = engine_env(spec, events_path=None, overlay_dir=None, cpu_async_dir=tmp_path / "ca")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "ca" / "overlay"), "/profile-site"]
+    inherited = engine_env(EngineSpec(name="patched-async", kind="patched", feature=True, async_scheduling=True,
+                                      model="/m", served_name="m", flags=[], cpu_async_overlay=True),
+                           events_path=None, overlay_dir=None, cpu_async_dir=tmp_path / "ca")
+    assert inherited["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "ca" / "overlay"), "/inherited"]

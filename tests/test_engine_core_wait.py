@@ -99,3 +99,82 @@ def test_no_wait_without_throttled_users_or_after_request_outputs(monkeypatch):
     with_outputs._process_engine_step()
     assert nobody_waiting.input_queue.timeouts == [] and with_outputs.input_queue.timeouts == []
     assert slept == [0.001, 0.001]  # upstream's short yield
+
+
+class _Done:
+    """A finished future of the executor."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class _Batch:
+    def __init__(self, tokens):
+        self.total_num_scheduled_tokens = tokens
+
+
+def _async_engine(batch_tokens, wait_s, *, outputs_of_batch=None):
+    """The engine after an async step that queued a batch of ``batch_tokens`` tokens and returned
+    early (no outputs, no model output yet)."""
+    from collections import deque
+
+    engine = _engine(None, wait_s)
+    batch = _Batch(batch_tokens)
+    engine.batch_queue = deque([(_Done("model output"), batch, _Done(None))])
+    engine.updated = []
+    engine.put = []
+
+    def update_from_output(scheduler_output, model_output):
+        engine.updated.append((scheduler_output, model_output))
+        return outputs_of_batch or {}
+
+    engine.scheduler.update_from_output = update_from_output
+    engine._process_aborts_queue = lambda: None
+    engine._weight_version = 0
+    engine.output_queue.put_nowait = engine.put.append
+    return engine, batch
+
+
+def test_with_async_scheduling_the_empty_batch_in_flight_is_finished_then_the_engine_blocks(monkeypatch):
+    """Async scheduling queues the empty batch a step scheduled while every user waits for budget:
+    the loop finishes it and blocks on the input queue (before, it slept 1 ms and scheduled the next
+    empty batch: a 1 kHz poll, 0.36 CPUs of the EngineCore in cpu-tiny's waiting scenario)."""
+    import time
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    engine, batch = _async_engine(0, wait_s=0.04)
+    engine._process_engine_step()
+    assert engine.updated == [(batch, "model output")]
+    assert not engine.batch_queue
+    assert engine.input_queue.timeouts == [0.04]
+    assert slept == []
+
+
+def test_with_async_scheduling_a_batch_that_runs_the_model_is_not_waited_for(monkeypatch):
+    import time
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    engine, _ = _async_engine(3, wait_s=0.04)
+    engine._process_engine_step()
+    assert engine.updated == [] and len(engine.batch_queue) == 1
+    assert engine.input_queue.timeouts == []
+    assert slept == [0.001]  # upstream's short yield; the next step collects the batch
+
+
+def test_with_async_scheduling_outputs_of_the_empty_batch_go_out_and_the_engine_does_not_wait(monkeypatch):
+    import time
+
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+
+    slept = []
+    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    out = {0: EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="r", new_token_ids=[])])}
+    engine, _ = _async_engine(0, wait_s=0.04, outputs_of_batch=out)
+    engine._process_engine_step()
+    assert engine.put == [(0, out[0])]
+    assert engine.input_queue.timeouts == [] and slept == []
