@@ -29,6 +29,7 @@ from mutants.broken import (
     NoClaims,
     NoWaitingPreemption,
     QueueWaitsAtFullCap,
+    QueuedWhileRefused,
     RollingWindow1s,
     ThrottledCountActive,
 )
@@ -474,6 +475,22 @@ def test_queued_users_left_without_places_fail_place_share(judged, async_schedul
     share = [c for c in verdict.checks if c.name == "place-share" and c.phase == "cap-equal"][0]
     assert share.figure < 0.2
     assert_correct_passes(judged, "active_places", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_stream_left_queued_while_its_siblings_spend_the_budget_fails_stream_wait(judged, async_scheduling):
+    """user-a's four streams start together and its burst covers three: the fourth, refused, stays in
+    the queue while the three running ones (served before the queue) take every token as it comes
+    due, so it waits until one ends (2.9 s, allowed 2 x 4 / 20 + 0.3 = 0.7 s). Bound, spacing and
+    delivery hold: the user's budget is spent, only not shared; stream-fairness sees no time when
+    all four streams were active. stream-wait judges every backlogged user with a limit and
+    several streams, not only the KV phases'."""
+    _, verdict = judged("seed_experiment", QueuedWhileRefused, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("stream-wait", "4-streams", "user-a")}, only={"stream-wait"})
+    assert check(verdict, "stream-wait", "4-streams", "user-a").figure >= 2000
+    _, shipped = judged("seed_experiment", async_scheduling=async_scheduling)
+    assert check(shipped, "stream-wait", "4-streams", "user-a").figure <= 300  # a turn in four at 20 tok/s
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
 
 
 def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_wait(judged):

@@ -1,14 +1,15 @@
 """The limiter under pressure: figures of the kv-pressure and active-cap-fairness phases.
 
-* **Stream wait** (phases whose ``params.stream_wait`` names users): for each stream of
-  such a user, the longest time it went without a dispatch event (a token sampled for
+* **Stream wait** (every backlogged user with a limit and more than one stream, and the
+  users a phase's ``params.stream_wait`` names): for each stream of such a user, the longest time it went without a dispatch event (a token sampled for
   it): to its first token from when it was sent or, if later, from the user's first
   token in the phase (the phase's first prefills are not the limiter's doing), between
   two tokens, and from its last token to when the driver closed it if it was still
   waiting then. A user at ``N``
   tok/s whose ``S`` streams take turns gives each stream a token every ``S / N``
   seconds; a stream that lost its KV to a neighbour and was left behind while its
-  siblings kept the budget waits far longer.
+  siblings kept the budget waits far longer, and so does a new stream left in the
+  queue while its running siblings take every token as it comes due.
 
 * **Place share** (phases with ``params.place_share``): every user's streams run at
   once and every limit is above what the ``--max-num-active-seqs`` places deliver, so
@@ -115,9 +116,19 @@ def _dispatch_by_record(run: RunData, phase: PhaseRecord) -> dict[int, np.ndarra
     return out
 
 
+def stream_wait_users(phase: PhaseRecord) -> list[str]:
+    """Whose streams' waits are judged: the users ``params.stream_wait`` names, and every
+    backlogged user with a limit and more than one stream (its streams share one budget, so
+    one of them can be left behind while the others spend it)."""
+    named = [u for u in phase.params.get("stream_wait") or [] if u in phase.users]
+    shared = [u for u, spec in phase.users.items()
+              if u not in named and spec.backlogged and spec.limit_tps and spec.streams > 1]
+    return named + shared
+
+
 def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
-    """The longest wait of every stream of the phase's ``params.stream_wait`` users."""
-    users = [u for u in phase.params.get("stream_wait") or [] if u in phase.users]
+    """The longest wait of every stream of the phase's :func:`stream_wait_users`."""
+    users = stream_wait_users(phase)
     if not users:
         return []
     by_record = _dispatch_by_record(run, phase)

@@ -313,3 +313,23 @@ class NoClaims(Mutant):
 
     def apply(self, scheduler) -> None:
         scheduler._advance_output_rate_claims = lambda *args, **kwargs: None
+
+
+class QueuedWhileRefused(Mutant):
+    """A queued request whose user is out of budget stays in the queue (not admitted one token
+    short of sampling, as the patch does with chunked prefill): its user's running streams, served
+    before the queue, take every token as it comes due, so a stream that arrived after its user's
+    burst was spent waits until a sibling ends."""
+
+    name = "queued-while-refused"
+
+    def apply(self, scheduler) -> None:
+        from vllm.v1.request import RequestStatus
+
+        refuse = scheduler._refuse_output_rate_charge
+
+        def refuse_queued(request, num_computed_tokens, now_ns):
+            given = refuse(request, num_computed_tokens, now_ns)
+            return 0 if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) else given
+
+        scheduler._refuse_output_rate_charge = refuse_queued
