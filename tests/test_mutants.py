@@ -30,6 +30,7 @@ from mutants.broken import (
     NoWaitingPreemption,
     QueueWaitsAtFullCap,
     QueuedWhileRefused,
+    PlacesInListOrder,
     RollingWindow1s,
     ThrottledCountActive,
 )
@@ -161,9 +162,32 @@ def active_places() -> Workload:
     ], scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=2))
 
 
+def _under_priority(make, priorities: dict[str, int]):
+    """``make``'s workload under the PRIORITY policy, each user's streams at ``priorities[user]`` (0
+    if absent; lower goes first): the policy's own paths of the patch (running sorted by turn, not
+    the bench; victims and preemption rights by priority)."""
+    def workload() -> Workload:
+        w = make()
+        w.scheduler_kw = {**w.scheduler_kw, "policy": "priority"}
+        for phase in w.phases:
+            for stream in phase.streams:
+                stream.priority = priorities.get(stream.user, 0)
+        return w
+
+    workload.__name__ = f"{make.__name__}_priority"
+    workload.__doc__ = f"{make.__name__}, under the PRIORITY policy ({priorities or 'one priority'})."
+    return workload
+
+
+seed_experiment_priority = _under_priority(seed_experiment, {"user-b": 1})
+isolation_priority = _under_priority(isolation, {"user-b": 1})  # the throttled user first
+active_places_priority = _under_priority(active_places, {})
+kv_tiny_priority = _under_priority(kv_tiny, {})
+
 # the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
-                                     long_prompt_closed_loop, active_places, kv_tiny)}
+                                     long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
+                                     isolation_priority, active_places_priority, kv_tiny_priority)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
 
 
@@ -245,10 +269,12 @@ def test_a_budget_per_request_breaks_the_bound_with_several_streams(judged, asyn
 @SYNC_AND_ASYNC
 def test_a_rolling_one_second_window_breaks_the_bound_and_stalls(judged, async_scheduling):
     _, verdict = judged("seed_experiment", RollingWindow1s, async_scheduling=async_scheduling)
-    # a whole second's budget at once breaks the bound; the stall after it breaks even spacing
+    # a whole second's budget at once breaks the bound; the stall after it breaks even spacing (and
+    # stream-wait: every stream waits out the window)
     assert_rejected_by(verdict, {("bound-dispatch", "1-stream", "user-a"), ("bound-dispatch", "4-streams", "user-a"),
                                  ("bound-dispatch", "1-stream", "user-b"),
-                                 ("even-spacing-dispatch", "4-streams", "user-a")}, only=BOUND | SPACING)
+                                 ("even-spacing-dispatch", "4-streams", "user-a")},
+                      only=BOUND | SPACING | {"stream-wait"})
     # a whole second's budget (20 tokens) within 0.1 s, where 0.1 * 20 + 1 = 3 are allowed at once
     assert check(verdict, "bound-dispatch", "4-streams", "user-a").figure <= -12
     # and then a stall: user-a's tokens, all its streams merged (GCRA sends one every 50 ms, the window
@@ -301,12 +327,13 @@ def _dispatches_without_tokens(run_dir) -> int:
 def test_charging_every_prefill_chunk_is_named_by_a_charge_check(judged, async_scheduling):
     """Eight charged middle chunks per prompt: 32 dispatch events that emit nothing. charge-parity names
     them request by request; stream-fairness fails too (it counts dispatch events per stream, and the
-    chunk charges land on the streams still in prefill). Delivery, now measured on emitted tokens as well
+    chunk charges land on the streams still in prefill), and so may stream-wait (the charged chunks
+    hold the streams that sample back: 1.25 s between two tokens against 0.7 s allowed). Delivery, now measured on emitted tokens as well
     as on dispatch events, still passes here: from the first token on, the tokens come at the full rate."""
     run_dir, verdict = judged("long_prompts", ChargeEveryPrefillChunk, async_scheduling=async_scheduling)
     assert_rejected_by(verdict, {("charge-parity", "long-prompt", "user-a"),
                                  ("stream-fairness", "long-prompt", "user-a")},
-                       only={"charge-parity", "stream-fairness"})
+                       only={"charge-parity", "stream-fairness", "stream-wait"})
     assert _dispatches_without_tokens(run_dir) == 4 * 8
     assert check(verdict, "charge-parity", "long-prompt", "user-a").figure == 4 * 8
     assert check(verdict, "delivery", "long-prompt", "user-a").passed
@@ -491,6 +518,17 @@ def test_a_stream_left_queued_while_its_siblings_spend_the_budget_fails_stream_w
     _, shipped = judged("seed_experiment", async_scheduling=async_scheduling)
     assert check(shipped, "stream-wait", "4-streams", "user-a").figure <= 300  # a turn in four at 20 tok/s
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_under_the_priority_policy_places_in_list_order_fail_place_share(judged, async_scheduling):
+    """The PRIORITY policy takes the patch's other path for the places (running sorted by the users'
+    turns, not the bench): without the sort, the first users in keep the places."""
+    _, verdict = judged("active_places_priority", PlacesInListOrder, async_scheduling=async_scheduling)
+    failed = failures(verdict)
+    assert "place-share" in {name for name, _, _ in failed}, verdict.summary()
+    assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
+    assert_correct_passes(judged, "active_places_priority", async_scheduling)
 
 
 def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_wait(judged):

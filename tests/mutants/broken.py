@@ -333,3 +333,14 @@ class QueuedWhileRefused(Mutant):
             return 0 if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED) else given
 
         scheduler._refuse_output_rate_charge = refuse_queued
+
+
+class PlacesInListOrder(Mutant):
+    """Under the PRIORITY policy (no bench), ``running`` is not ordered by the users' turns when the
+    active cap binds and the queue's head never takes a turn: the places go to whoever is first in
+    running (the seed's open problem), and users whose streams queued get none until those end."""
+
+    name = "places-in-list-order"
+
+    def apply(self, scheduler) -> None:
+        scheduler._order_output_rate_running = lambda now_ns: 0

@@ -59,6 +59,7 @@ class Stream:
     requests: int = 1
     start_s: float = 0.0  # after the phase starts
     pause_s: float = 0.0  # from one request's last token to sending the next
+    priority: int = 0  # the request's priority (the PRIORITY policy: lower first)
 
 
 @dataclass
@@ -233,7 +234,7 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
                 client_id = f"rb-{RUN_ID}-{n_request}"
                 req_id = f"cmpl-{client_id}-0-{rng.getrandbits(32):08x}"
                 request = make_request(req_id, user=s.user, prompt_len=s.prompt_len, max_tokens=s.max_tokens,
-                                       arrival_time=now / NS_PER_S)
+                                       arrival_time=now / NS_PER_S, priority=s.priority)
                 mutant.on_request(request)
                 engine.add(request)
                 rec.requests[req_id] = request
