@@ -31,6 +31,7 @@ from mutants.broken import (
     QueueWaitsAtFullCap,
     QueuedWhileRefused,
     PlacesInListOrder,
+    RunningLoopUpstreamVictim,
     RollingWindow1s,
     ThrottledCountActive,
 )
@@ -134,6 +135,18 @@ def kv_recompute() -> Workload:
     ], scheduler_kw=dict(num_blocks=150, block_size=16, max_num_seqs=16, max_num_batched_tokens=128))
 
 
+def kv_growth() -> Workload:
+    """user-b (100 tok/s, one stream, a 1,200-token prompt in 128-token chunks) starts alone; then
+    user-a's eight 100-token streams (20 tok/s) fill the rest of the KV cache and are throttled.
+    Every 16 tokens user-b's running request needs a block: throttled requests must give it theirs
+    (upstream preempts the last of running, which is user-b itself, and its prompt is recomputed)."""
+    return Workload(default_tps=100, user_tps={"user-a": 20, "user-b": 100}, phases=[
+        Phase("shared", [Stream("user-b", 240, prompt_len=1200)]
+              + [Stream("user-a", 30, prompt_len=100, start_s=0.2) for _ in range(8)],
+              backlogged={"user-a", "user-b"}, params={"stream_wait": ["user-a"]}),
+    ], scheduler_kw=dict(num_blocks=140, block_size=16, max_num_seqs=16, max_num_batched_tokens=128))
+
+
 def kv_tiny() -> Workload:
     """cpu-tiny's kv-pressure phase, on the scheduler: user-a (20 tok/s) with six 1,280-token
     streams on 4 active places and 256 KV blocks of 32 tokens, 256-token chunks; user-c's four
@@ -187,7 +200,7 @@ kv_tiny_priority = _under_priority(kv_tiny, {})
 # the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
-                                     isolation_priority, active_places_priority, kv_tiny_priority)}
+                                     isolation_priority, active_places_priority, kv_tiny_priority, kv_growth)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
 
 
@@ -445,9 +458,9 @@ STEP_CONFIGS = [(0.005, 0.0, 0), (0.004, 0.5, 1), (0.007, 0.3, 2)]
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @SYNC_AND_ASYNC
 def test_the_shipped_limiter_passes_every_workload(judged, workload, async_scheduling, step_s, step_jitter, seed):
-    """20 runs (5 workloads x sync/async x 2 step-length settings with jittered steps), each a different
-    seed and step pattern, plus the 10 runs at fixed 5 ms steps that the mutant tests compare against:
-    30 clean runs, every check passes."""
+    """Every workload x sync/async x 2 step-length settings with jittered steps, each a different seed
+    and step pattern, plus the runs at fixed 5 ms steps that the mutant tests compare against: every
+    check passes on each."""
     _, verdict = judged(workload, async_scheduling=async_scheduling, step_s=step_s, step_jitter=step_jitter,
                         seed=seed)
     assert verdict.passed, verdict.summary()
@@ -529,6 +542,18 @@ def test_under_the_priority_policy_places_in_list_order_fail_place_share(judged,
     assert "place-share" in {name for name, _, _ in failed}, verdict.summary()
     assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
     assert_correct_passes(judged, "active_places_priority", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_running_loop_that_preempts_upstreams_victim_fails_even_spacing(judged, async_scheduling):
+    """user-b's running request needs a block every 16 tokens while throttled user-a's streams hold
+    the rest of the cache: preempting the last of running (user-b's own request) instead of a
+    throttled one recomputes its 1,200-token prompt, and user-b falls 6.5 tokens behind its rate
+    (allowed 2.2). Every other workload passed this mutant."""
+    _, verdict = judged("kv_growth", RunningLoopUpstreamVictim, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("even-spacing-dispatch", "shared", "user-b")}, only=SPACING | {"delivery"})
+    assert check(verdict, "even-spacing-dispatch", "shared", "user-b").figure >= 5
+    assert_correct_passes(judged, "kv_growth", async_scheduling)
 
 
 def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_wait(judged):

@@ -344,3 +344,15 @@ class PlacesInListOrder(Mutant):
 
     def apply(self, scheduler) -> None:
         scheduler._order_output_rate_running = lambda now_ns: 0
+
+
+class RunningLoopUpstreamVictim(Mutant):
+    """When a running request of a user with budget needs a KV block, the running loop preempts
+    upstream's victim (the last of running, often that request itself) instead of a throttled
+    request holding KV; only the waiting loop still takes throttled victims first."""
+
+    name = "running-loop-upstream-victim"
+
+    def apply(self, scheduler) -> None:
+        victim = scheduler._output_rate_victim
+        scheduler._output_rate_victim = lambda request, benched=False: None if benched else victim(request)
