@@ -372,7 +372,10 @@ def eos(spec: ScenarioSpec) -> list[PhasePlan]:
         est = _at_limits(limits, [(p["user"], p["requests"], shortest)])
         return PhaseEstimate(est.at_least_s, f"answers end at EOS, at the shortest: {est.basis}")
 
-    return [PhasePlan(spec.name, "eos", _main_engine(spec), run, estimate)]
+    # On every engine of the scenario's scheduling: with async scheduling a request of a throttled
+    # user can sample EOS in one step and be refused (parked) in the next, before the EOS arrives.
+    return [PhasePlan(spec.name, "eos", engine_name(ROLE_FEATURE_ON, mode), run, estimate)
+            for mode in spec.scheduling]
 
 
 def waiting(spec: ScenarioSpec) -> list[PhasePlan]:

@@ -254,6 +254,33 @@ ASYNC_POLLS_EMPTY_BATCHES = '''
 module.EngineCoreProc._finish_output_rate_empty_batches = lambda self: False
 '''
 
+# a request that stops (EOS) while parked stays in the parked set: woken later, a finished request
+# goes back into running (the patch takes it out of the parked set on any finish)
+STOPPED_LEFT_PARKED = '''
+cls = module.Scheduler
+shipped_free = cls._free_request
+
+def free_leaving_parked(self, request, *args, **kwargs):
+    if getattr(request, "output_rate_parked", False) and request.status == module.RequestStatus.FINISHED_STOPPED:
+        print("ratebench test mutant: a stopped request left parked", file=sys.stderr, flush=True)
+        request.output_rate_parked = False
+    return shipped_free(self, request, *args, **kwargs)
+
+cls._free_request = free_leaving_parked
+'''
+
+_EOS_ASYNC = """
+[[scenarios]]
+kind = "eos"
+scheduling = ["async"]
+user = "user-b"
+requests = 16
+concurrency = 4
+max_tokens = 256
+eos_logit_bias = 0
+api = "chat"
+"""
+
 _SPOOFING = """
 [[scenarios]]
 kind = "anonymous-and-spoofing"
@@ -335,6 +362,16 @@ def test_an_async_engine_that_polls_with_an_empty_batch_in_flight_fails_wait_cpu
                                                      "even-spacing-emit", "even-spacing-dispatch"}, verdict.summary()
     (cpu,) = [c for c in verdict.checks if c.name == "wait-cpu"]
     assert cpu.engine.endswith("async")
+
+
+def test_an_async_engine_that_leaves_a_stopped_request_parked_fails(tmp_path, tiny_model):
+    """With async scheduling user-b's request samples EOS in one step and is refused (parked) in the
+    next, before the EOS arrives; a scheduler that then leaves it in the parked set wakes a finished
+    request later. The run must not pass (the shipped patch passes this scenario: cpu-tiny's eos)."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": STOPPED_LEFT_PARKED}, _EOS_ASYNC, "async")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a stopped request left parked" in logs, "no request stopped while parked: the path was not run"
+    assert not verdict.passed, verdict.summary()
 
 
 def test_an_engine_that_sleeps_through_its_wait_fails_to_wake(tmp_path, tiny_model):
