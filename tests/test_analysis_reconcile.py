@@ -62,8 +62,32 @@ def test_missing_final_usage_is_caught():
     assert not check(record(completion_tokens=None), engine()).ok
 
 
-def test_refused_request_is_not_reconciled():
-    assert check(record(error="HTTP 400", http_status=400, chunk_ns=[], chunk_tokens=[]), None) is None
+def test_a_request_answered_with_an_error_fails_reconciliation():
+    """Promise 3: a request out of budget pauses and resumes, never an error, whether refused at once
+    or ended by an error chunk mid-stream (or stalled until the driver's read timeout)."""
+    refused = check(record(error="HTTP 429: Too Many Requests", http_status=429, chunk_ns=[], chunk_tokens=[]), None)
+    assert not refused.ok and "answered with an error (HTTP 429" in refused.problem
+    mid_stream = check(record(error="output rate limit", http_status=200, completion_tokens=None,
+                              finish_reason=None), engine(finish_reason="error"))
+    assert not mid_stream.ok and "output rate limit" in mid_stream.problem
+
+
+def test_streams_cut_by_the_run_or_closed_by_the_driver_are_not_reconciled_as_errors():
+    from ratebench.events import ERROR_INTERRUPTED
+
+    assert check(record(error=ERROR_INTERRUPTED, completion_tokens=None, finish_reason=None), None) is None
+    assert check(record(error="ReadError: closed", cancelled=True, cancel_ns=2, completion_tokens=None,
+                        finish_reason=None), None) is None
+
+
+def test_an_answer_the_client_did_not_close_ends_with_stop_or_length_on_both_sides():
+    """A throttled request cut short shows as finish_reason "abort" (or anything but "stop" and
+    "length") with usage and tokens that agree; and the engine's finish event must say the same."""
+    aborted = check(record(ignore_eos=False, finish_reason="abort"), engine(finish_reason="abort"))
+    assert not aborted.ok and "finish_reason 'abort'" in aborted.problem
+    disagree = check(record(ignore_eos=False, finish_reason="stop"), engine(finish_reason="length"))
+    assert not disagree.ok and "the engine's finish event 'length'" in disagree.problem
+    assert check(record(ignore_eos=False, finish_reason="stop"), engine(finish_reason="stop")).ok
 
 
 def test_cancelled_stream_that_engine_aborted_within_one_step_passes():

@@ -269,6 +269,44 @@ def free_leaving_parked(self, request, *args, **kwargs):
 cls._free_request = free_leaving_parked
 '''
 
+# a request refused a charge is answered with an error after the step instead of pausing (the
+# requests of users with budget are untouched): the scheduler remembers its refusals, the engine core
+# finishes those requests with an error and tells the client, as it does for its own errors
+ERROR_WHEN_REFUSED_SCHEDULER = '''
+cls = module.Scheduler
+shipped_refuse = cls._refuse_output_rate_charge
+
+def refuse_and_remember(self, request, *args, **kwargs):
+    self.__dict__.setdefault("_mutant_refused", set()).add(request.request_id)
+    return shipped_refuse(self, request, *args, **kwargs)
+
+cls._refuse_output_rate_charge = refuse_and_remember
+'''
+ERROR_WHEN_REFUSED_CORE = '''
+from vllm.v1.request import RequestStatus
+
+cls = module.EngineCoreProc
+shipped_step = cls._process_engine_step
+
+def step_failing_the_refused(self):
+    executed = shipped_step(self)
+    scheduler = self.scheduler
+    refused = scheduler.__dict__.pop("_mutant_refused", set())
+    alive = [scheduler.requests[r] for r in refused
+             if r in scheduler.requests and not scheduler.requests[r].is_finished()]
+    if alive:
+        print("ratebench test mutant: refused requests answered with an error", file=sys.stderr, flush=True)
+        scheduler.finish_requests([r.request_id for r in alive], RequestStatus.FINISHED_ERROR)
+        by_client = {}
+        for r in alive:
+            by_client.setdefault(r.client_index, []).append(r.request_id)
+        for client_index, ids in by_client.items():
+            self._send_error_outputs_to_client(ids, client_index)
+    return executed
+
+cls._process_engine_step = step_failing_the_refused
+'''
+
 _EOS_ASYNC = """
 [[scenarios]]
 kind = "eos"
@@ -372,6 +410,20 @@ def test_an_async_engine_that_leaves_a_stopped_request_parked_fails(tmp_path, ti
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
     assert "a stopped request left parked" in logs, "no request stopped while parked: the path was not run"
     assert not verdict.passed, verdict.summary()
+
+
+def test_an_engine_that_answers_throttled_requests_with_an_error_fails_reconciliation(tmp_path, tiny_model):
+    """Promise 3: a request out of budget pauses and resumes, it is never answered with an error.
+    Here every request refused a charge is finished with an error after the step and the client told
+    so (its stream ends early with finish_reason "error"); bound and spacing of what was delivered
+    may hold."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": ERROR_WHEN_REFUSED_SCHEDULER,
+                                     "vllm.v1.engine.core": ERROR_WHEN_REFUSED_CORE}, _SEED)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "refused requests answered with an error" in logs, "no request was refused: the path was not run"
+    assert ("reconciliation", "user-a") in _failed(verdict), verdict.summary()
+    (rec,) = [c for c in verdict.failures if (c.name, c.user) == ("reconciliation", "user-a")]
+    assert "answered with an error" in rec.explanation or "finish_reason 'error'" in rec.explanation, rec
 
 
 def test_an_engine_that_sleeps_through_its_wait_fails_to_wake(tmp_path, tiny_model):

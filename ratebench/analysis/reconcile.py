@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH, ClientRecord
+from ratebench.events import ERROR_INTERRUPTED, FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH, ClientRecord
 
 NO_TIME = np.iinfo(np.int64).max
 
@@ -150,10 +150,15 @@ def view_of(totals: EngineRequestTotals, code: int, after_cancel=None, after_fin
     )
 
 
+# How an answer the client did not close may end: its EOS (or a stop string), or max_tokens. A
+# request that is out of budget pauses and resumes: it is never cut short ("abort"), never answered
+# with an error (DESIGN, promise 3).
+COMPLETE_FINISH_REASONS = ("stop", "length")
+
+
 def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engine_has_events: bool) -> RequestCheck | None:
-    """Check one request; None when it is not reconcilable (refused with an error)."""
-    if rec.error is not None or (rec.http_status is not None and rec.http_status != 200):
-        return None
+    """Check one request; None when there is nothing to reconcile (a stream the run's interruption
+    cut, or one the driver closed after an error of its own)."""
     streamed = rec.streamed_tokens
     out = RequestCheck(
         client_id=rec.client_id, cancelled=rec.cancelled, ok=True, problem=None,
@@ -164,6 +169,13 @@ def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engin
     def fail(why: str) -> RequestCheck:
         out.ok, out.problem = False, f"{rec.client_id}: {why}"
         return out
+
+    if rec.error is not None or (rec.http_status is not None and rec.http_status != 200):
+        if rec.error == ERROR_INTERRUPTED or rec.cancelled:
+            return None
+        # Refused, failed or stalled until the driver's read timeout: never what a limiter may do.
+        status = f"HTTP {rec.http_status}" if rec.http_status is not None else "no HTTP status"
+        return fail(f"answered with an error ({status}, {streamed} tokens streamed): {rec.error}")
 
     if engine_has_events and eng is None:
         return fail("no engine events for this request")
@@ -198,6 +210,12 @@ def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engin
             return fail(f"engine emitted {eng.emitted} tokens, client streamed {streamed}")
         if eng.finish_count != eng.emitted:
             return fail(f"finish event counts {eng.finish_count} tokens, emit events {eng.emitted}")
+    if rec.finish_reason not in COMPLETE_FINISH_REASONS:
+        return fail(f"finish_reason {rec.finish_reason!r} after {streamed} tokens: an answer ends with "
+                    f"{' or '.join(repr(r) for r in COMPLETE_FINISH_REASONS)}")
+    if eng is not None and eng.finish_reason is not None and eng.finish_reason != rec.finish_reason:
+        return fail(f"the client's finish_reason {rec.finish_reason!r}, the engine's finish event "
+                    f"{eng.finish_reason!r}")
     if rec.ignore_eos:
         if rec.finish_reason != "length":
             return fail(f"ignore_eos but finish_reason {rec.finish_reason!r}, not 'length'")
