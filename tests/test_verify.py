@@ -246,3 +246,37 @@ def test_the_pressure_thresholds_are_options_and_reach_the_verdict(tmp_path):
     th = json.loads((run / "verdict.json").read_text())["thresholds"]
     assert (th["stream_wait_factor"], th["stream_wait_slack_ns"], th["place_share_min"], th["place_jain_min"]) == \
         (2.5, 250_000_000, 0.6, 0.85)
+
+
+def test_an_engine_that_ran_another_scheduling_mode_than_asked_fails_engine_as_asked(tmp_path):
+    """vLLM's CPU platform turns --async-scheduling off without a word: an "async" engine whose event
+    file says it ran sync proves nothing about promise 5's async half, so the run fails (it was a
+    warning only)."""
+    run_dir = one_phase_run(tmp_path / "run")
+    clean = verify_run(run_dir, plots=False)
+    (ok,) = [c for c in clean.checks if c.name == "engine-as-asked"]
+    assert ok.passed and ok.engine == "patched-sync"
+
+    def ask_async(m):
+        m["engines"]["patched-sync"]["async_scheduling"] = True
+
+    edit_manifest(run_dir, ask_async)
+    verdict = verify_run(run_dir, plots=False)
+    (bad,) = [c for c in verdict.failures if c.name == "engine-as-asked"]
+    assert "ran with async_scheduling=False" in bad.explanation and "asked for True" in bad.explanation
+    assert not verdict.passed
+
+
+def test_an_engine_meant_to_run_with_the_limiter_off_that_charges_fails_engine_as_asked(tmp_path):
+    """Promise 7's engine (the limiter off) must not charge: its event file's header names no default
+    rate and it has no dispatch events."""
+    run_dir = one_phase_run(tmp_path / "run")
+
+    def limiter_off(m):
+        m["engines"]["patched-sync"]["feature"] = False
+
+    edit_manifest(run_dir, limiter_off)
+    verdict = verify_run(run_dir, plots=False)
+    (bad,) = [c for c in verdict.failures if c.name == "engine-as-asked"]
+    assert "meant to run with the limiter off" in bad.explanation
+    assert "dispatch events (charges) with the limiter off" in bad.explanation

@@ -100,6 +100,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             checks.append(Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens", ok,
                                 f"largest difference between {row.streams} streams' token counts while all "
                                 f"were active: {row.stream_spread}"))
+    checks.extend(_engines_as_asked(run))
     checks.extend(_identity(run, s))
     checks.extend(_waiting(s, th))
     checks.extend(_isolation(run, s, th))
@@ -108,6 +109,22 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(lateness_checks(run))
     checks.extend(_pressure(run, th))
     return checks
+
+
+def _engines_as_asked(run: RunData) -> list[Check]:
+    """Each engine with an event file ran as the run asked: the scheduling mode (vLLM's CPU platform
+    turns --async-scheduling off without a word, and then promise 5's async half is never run), the
+    limits and burst in its header, the CPU async overlay's own evidence, and no charges with the
+    limiter off."""
+    out = []
+    for name, problems in sorted(run.engine_problems.items()):
+        eng = run.engines[name]
+        asked = (f"{'async' if eng.async_scheduling else 'sync'} scheduling, limiter "
+                 f"{'on' if eng.feature else 'off'}")
+        out.append(Check("engine-as-asked", WHOLE, WHOLE, name, None, len(problems), 0, "<=", "problems",
+                         not problems,
+                         "; ".join(problems) if problems else f"ran as asked ({asked}; its event file's header)"))
+    return out
 
 
 def _delivery(row: UserPhaseSummary, th: Thresholds, ids) -> Check:

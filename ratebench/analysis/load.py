@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ratebench.events import (
+    KIND_DISPATCH,
     ClientRecord,
     EngineEvents,
     EventFileError,
@@ -77,6 +78,9 @@ class RunData:
     traces: dict[str, EngineTrace]
     warnings: list[str] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
+    # engine -> where it did not run as asked (its event file's header against manifest.json, the
+    # CPU async overlay's own counts): the engine-as-asked check; only engines with an event file
+    engine_problems: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _read_json(path: Path, what: str):
@@ -166,8 +170,13 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
             raise RunFolderError(str(exc)) from exc
         if events.truncated:
             run.warnings.append(f"{eng.events_file}: last block truncated; verified the complete blocks")
-        if not (manifest.get("engines") or {}).get(name, {}).get("warning"):  # the runner compared them already
-            run.warnings.extend(_meta_disagreements(name, eng, events.meta))
+        entry = (manifest.get("engines") or {}).get(name) or {}
+        problems = _meta_disagreements(name, eng, events.meta)
+        problems += [w for w in entry.get("warnings") or [] if isinstance(w, str) and "CPU async overlay" in w]
+        if not eng.feature and len(events.of_kind(KIND_DISPATCH)):
+            problems.append(f"engine {name}: {len(events.of_kind(KIND_DISPATCH))} dispatch events (charges) "
+                            "with the limiter off")
+        run.engine_problems[name] = problems
         recs = events.records
         order = time_order(recs["t_ns"])
         if order is not None:
@@ -190,6 +199,9 @@ def _meta_disagreements(name: str, eng: EngineInfo, meta: dict) -> list[str]:
     if "async_scheduling" in meta and bool(meta["async_scheduling"]) != eng.async_scheduling:
         out.append(f"engine {name}: ran with async_scheduling={meta['async_scheduling']} (its event file), "
                    f"asked for {eng.async_scheduling} (manifest.json)")
+    if not eng.feature and meta.get("default_tps") is not None:
+        out.append(f"engine {name}: meant to run with the limiter off, its event file says "
+                   f"default_tps={meta['default_tps']}")
     if eng.feature:
         if "default_tps" in meta and meta["default_tps"] != eng.default_tps:
             out.append(f"engine {name}: event file says default_tps={meta['default_tps']}, manifest {eng.default_tps}")

@@ -67,8 +67,13 @@ CHECKS: dict[str, CheckMeaning] = {
                                       "bound)", _LOWER + " (dashed: emit)"),
     "stream-fairness": CheckMeaning("2", "one user's streams did not take turns on the shared budget",
                                     "{plot}, the streams panel (one line per stream)"),
+    "engine-as-asked": CheckMeaning("5", "an engine did not run as the run asked (another scheduling mode, "
+                                    "other limits or burst, the limiter charging while off): what it showed "
+                                    "proves nothing about the mode asked for",
+                                    "engines/{engine}/engine.log and the header of {events}, against "
+                                    "manifest.json's engines"),
     "reconciliation": CheckMeaning("3", "a finished request's usage.completion_tokens, streamed tokens and engine "
-                                   "tokens disagree, or it was cut short",
+                                   "tokens disagree, it was cut short, or it was answered with an error",
                                    "requests.jsonl and {events} for the request the explanation names"),
     "cancellation": CheckMeaning("3", "after a client cancel the engine did not stop at once (or never finished "
                                  "the request)", "{events}: the finish event of the request the explanation "
