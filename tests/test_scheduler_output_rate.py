@@ -728,6 +728,17 @@ def _trace(scheduler_cls, async_scheduling: bool, seed: int, policy: str):
     workload = _random_workload(seed)
     trace = []
     aborts: dict[int, list[str]] = {}
+    # what update_from_output tells the engine core: per request, its new tokens and how it finished
+    outputs: list = []
+    update = s.update_from_output
+
+    def update_and_record(*args, **kwargs):
+        result = update(*args, **kwargs)
+        outputs.append([(o.request_id, list(o.new_token_ids), o.finish_reason, o.stop_reason)
+                        for eco in result.values() for o in eco.outputs])
+        return result
+
+    s.update_from_output = update_and_record
     for step in range(250):
         for w in workload:
             if w["step"] == step:
@@ -749,16 +760,21 @@ def _trace(scheduler_cls, async_scheduling: bool, seed: int, policy: str):
 
             s.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
         out = e.step()
+        cached = out.scheduled_cached_reqs
         trace.append(
             (
-                dict(out.num_scheduled_tokens),
-                sorted(r.req_id for r in out.scheduled_new_reqs),
+                # in order: the worker builds its batch in this order
+                list(out.num_scheduled_tokens.items()),
+                [(r.req_id, r.num_computed_tokens, r.block_ids) for r in out.scheduled_new_reqs],
+                (list(cached.req_ids), sorted(cached.resumed_req_ids), list(cached.new_block_ids),
+                 list(cached.num_computed_tokens), list(cached.num_output_tokens)),
                 sorted(out.preempted_req_ids),
                 sorted(out.finished_req_ids),
                 out.total_num_scheduled_tokens,
             )
         )
-    return trace
+    s.shutdown()  # the event recorder, if any, writes its last block
+    return trace, outputs
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
@@ -767,7 +783,53 @@ def test_feature_off_schedules_exactly_like_upstream(async_scheduling, policy):
     pristine_sync, pristine_async = _pristine_scheduler_classes()
     pristine_cls = pristine_async if async_scheduling else pristine_sync
     for seed in (1, 2):
-        patched = _trace(None, async_scheduling, seed, policy)
-        upstream = _trace(pristine_cls, async_scheduling, seed, policy)
-        assert any(step[2] for step in upstream), "workload must cause preemptions"
+        patched, patched_outputs = _trace(None, async_scheduling, seed, policy)
+        upstream, upstream_outputs = _trace(pristine_cls, async_scheduling, seed, policy)
+        assert any(step[3] for step in upstream), "workload must cause preemptions"
         assert patched == upstream
+        assert patched_outputs == upstream_outputs
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@SYNC_AND_ASYNC
+def test_feature_off_with_event_recording_schedules_exactly_like_upstream(async_scheduling, policy, tmp_path,
+                                                                          monkeypatch):
+    """A run's limiter-off engine records events (finish events; no charges): the recorder must not
+    change what the scheduler does either."""
+    from ratebench.events import ENV_VAR, KIND_DISPATCH, KIND_FINISH, read_engine_events
+
+    pristine_sync, pristine_async = _pristine_scheduler_classes()
+    pristine_cls = pristine_async if async_scheduling else pristine_sync
+    upstream = _trace(pristine_cls, async_scheduling, 1, policy)
+    events = tmp_path / "events.rbev"
+    monkeypatch.setenv(ENV_VAR, str(events))
+    patched = _trace(None, async_scheduling, 1, policy)
+    assert patched == upstream
+    recorded = read_engine_events(events)
+    assert not len(recorded.of_kind(KIND_DISPATCH))
+    assert recorded.meta.get("default_tps") is None
+    assert len(recorded.of_kind(KIND_FINISH))
+
+
+def test_the_feature_off_comparison_notices_a_limiter_off_path_that_only_reorders_running():
+    """A patch whose limiter-off path rotates ``running`` when everything fits schedules the same
+    requests as upstream at every step, in another order: the comparison of sets (before) saw no
+    difference; the ordered comparison above must tell it from upstream."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class Reordering(Scheduler):
+        def schedule(self, *args, **kwargs):
+            need = sum(r.num_tokens_with_spec - r.num_computed_tokens for r in self.running)
+            if 1 < len(self.running) <= 6 and need <= 64 and not self.waiting:
+                self.running.append(self.running.pop(0))
+            return super().schedule(*args, **kwargs)
+
+    pristine_sync, _ = _pristine_scheduler_classes()
+    reordered, reordered_outputs = _trace(Reordering, False, 1, "fcfs")
+    upstream, upstream_outputs = _trace(pristine_sync, False, 1, "fcfs")
+
+    def as_sets(trace):
+        return [(dict(step[0]), sorted(r[0] for r in step[1]), step[3], step[4], step[5]) for step in trace]
+
+    assert as_sets(reordered) == as_sets(upstream)  # the same requests, step by step
+    assert reordered != upstream
