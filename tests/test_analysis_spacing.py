@@ -46,6 +46,30 @@ def test_windows_where_the_engine_limits_the_user_are_not_judged():
     assert res.worst is None and res.intervals == 0
 
 
+def test_a_long_step_outside_the_judged_runs_does_not_widen_the_allowance():
+    """Tokens released in clumps of 3 every 60 ms at 50 tok/s (3 tokens short in each gap) on 5 ms
+    steps, after one 80 ms step before the user's first token (a long prefill, say). The allowance is
+    1 + N x P: with P taken over the whole phase (80 ms: 5.25 tokens) the clumps passed; over the
+    judged steps only (5 ms) they fail."""
+    starts = np.r_[0, 80 * MS + np.arange(0, 400) * 5 * MS]
+    periods = np.r_[80 * MS, np.full(400, 5 * MS)]
+    worked = np.ones(len(starts), dtype=bool)
+    # 4 streams waiting throughout; every 60 ms, at a step start, 3 tokens at once
+    clump_at = 80 * MS + np.arange(0, 30) * 60 * MS
+    t = np.repeat(clump_at, 3)
+    req = np.tile(np.arange(3), len(clump_at))
+    # a 4th stream's first and last tokens keep it waiting over the whole span
+    t = np.r_[t, clump_at[0], clump_at[-1]]
+    req = np.r_[req, 3, 3]
+    order = np.argsort(t, kind="stable")
+    res = check_spacing(t[order], req[order], 50, starts, periods, worked)
+    assert res.step_ns == 5 * MS
+    allowance = res.allowance_tokens(SLACK_NS)
+    assert allowance == pytest.approx(1.5)
+    assert res.worst.deficit_tokens > allowance  # 3 short in each 60 ms gap
+    assert res.worst.deficit_tokens < 1 + 50 * (80 * MS + SLACK_NS) / NS  # what the phase-wide P allowed
+
+
 # ---- a simulated engine around the real GCRA --------------------------------------------------
 
 

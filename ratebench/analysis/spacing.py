@@ -19,7 +19,8 @@ from one step start to the next. So::
 
     A = 1 + N * (P + slack)
 
-P is measured on the phase itself (``steps.step_periods``): from one step start
+P is measured on the phase itself (``steps.step_periods``), over the steps of the
+runs judged (below; a long step elsewhere bounds no judged window): from one step start
 to the next when the engine went straight on (the next step started within
 2 ms of the previous one's end, or before it with async scheduling), else the
 step's own length plus those 2 ms: time the engine spends *idle* is not in P,
@@ -171,6 +172,19 @@ def budget_limited_intervals(req_first_ns: np.ndarray, req_last_ns: np.ndarray, 
     return np.stack([s[begins], s[ends]], axis=1)
 
 
+def _longest_judged_period(intervals: np.ndarray, step_start_ns, step_period_ns) -> int:
+    """The longest period of a step that starts inside one of the runs ([first, last] step start);
+    0 when there is none."""
+    starts = np.asarray(step_start_ns, dtype=np.int64)
+    periods = np.asarray(step_period_ns, dtype=np.int64)
+    if len(starts) == 0 or len(intervals) == 0:
+        return 0
+    lo = np.searchsorted(starts, intervals[:, 0], side="left")
+    hi = np.searchsorted(starts, intervals[:, 1], side="right")
+    longest = [int(periods[a:b].max()) for a, b in zip(lo.tolist(), hi.tolist()) if b > a]
+    return max(longest, default=0)
+
+
 def check_spacing(
     t_ns: np.ndarray,
     req: np.ndarray,
@@ -194,9 +208,9 @@ def check_spacing(
     t = np.asarray(t_ns, dtype=np.int64)
     req = np.asarray(req)
     c = None if counts is None else np.asarray(counts, dtype=np.int64)
-    p_ns = (int(np.max(step_period_ns)) if len(step_period_ns) else 0) + int(shift_ns)
     tokens = len(t) if c is None else int(c.sum())
     if len(t) == 0:
+        p_ns = (int(np.max(step_period_ns)) if len(step_period_ns) else 0) + int(shift_ns)
         return SpacingResult(limit_tps, p_ns, 0, 0.0, 0, 0, None)
     order = np.argsort(req, kind="stable")
     r_sorted = req[order]
@@ -204,6 +218,9 @@ def check_spacing(
     firsts = np.minimum.reduceat(t[order], bounds)
     lasts = np.maximum.reduceat(t[order], bounds)
     intervals = budget_limited_intervals(firsts, lasts, step_start_ns, step_period_ns, step_worked, limit_tps)
+    # P: the longest step period among the steps judged (inside the runs): a long step elsewhere (a
+    # prefill before the user's first token, the engine idle between requests) bounds no window here
+    p_ns = _longest_judged_period(intervals, step_start_ns, step_period_ns) + int(shift_ns)
     if shift_ns:  # emit events come after their step's start
         intervals = intervals + np.array([0, int(shift_ns)], dtype=np.int64)
     best = None  # (deficit * 1e9, start, end, tokens inside, expected)
