@@ -30,6 +30,7 @@ from ratebench.events import (
     KIND_DISPATCH,
     KIND_EMIT,
     KIND_FINISH,
+    KIND_REFUSE,
     RECORD_DTYPE,
     ClientRecord,
     EventFileWriter,
@@ -145,6 +146,9 @@ class SimEngine:
     step_ns: int = 5_000_000
     abort_delay_ns: int = 2_000_000
     emit_coalesce: int = 1  # >1: some emit events carry several tokens (tests of weights)
+    # a refuse event (events.KIND_REFUSE) for each charge the limiter refuses, as the patched engine
+    # records them since format version 2 (off: a file from an engine that did not record them)
+    record_refusals: bool = False
     # >0: a broken engine that charges each request this many steps before its first token without
     # sampling anything (as if it charged its middle prefill chunks)
     prefill_charges: int = 0
@@ -202,7 +206,10 @@ def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
         scheduled = []
         for i, q in enumerate(order):
             t_disp = now + i * 1000
-            if limiter.try_take(q["user"], q["rid"], t_disp):
+            if not limiter.try_take(q["user"], q["rid"], t_disp):
+                if engine.feature and engine.record_refusals:
+                    ev.append((t_disp, KIND_REFUSE, 0, q["rid"], q["user"], 1))
+            else:
                 if engine.feature:
                     ev.append((t_disp, KIND_DISPATCH, 0, q["rid"], q["user"], 1))
                 q["dispatched"] += 1

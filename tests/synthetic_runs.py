@@ -44,13 +44,16 @@ def edit_scenarios(run_dir: Path, edit) -> None:
 
 
 def cut_event_file(path: Path, keep_before_ns: int) -> None:
-    """Rewrite an engine event file as a hard stop leaves it: the events before ``keep_before_ns``
-    in complete blocks, the rest in a last block cut short (the reader drops it)."""
+    """Rewrite an engine event file as a hard stop leaves it: the events (and step records) before
+    ``keep_before_ns`` in complete blocks, the rest of the events in a last block cut short (the
+    reader drops it)."""
     ev = read_engine_events(path)
     recs = ev.records
-    with EventFileWriter(path, ev.meta) as w:
+    with EventFileWriter(path, ev.meta, version=ev.version) as w:
         for s in ev.strings:
             w.intern(s)
+        if len(ev.steps):
+            w.write_steps(ev.steps[ev.steps["t_ns"] < keep_before_ns])
         w.write_block(recs[recs["t_ns"] < keep_before_ns])
         w.write_block(recs[recs["t_ns"] >= keep_before_ns])
     with open(path, "r+b") as f:

@@ -1,9 +1,16 @@
-"""Isolation: an unthrottled user's rate beside a throttled neighbour, against alone."""
+"""Isolation: every user whose limit did not bind (ratebench/analysis/isolation.py), beside throttled
+users, against the phase's baseline: the isolation scenario's user against its solo phase, a mix's
+tiers against the same requests on the limiter-off engine."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from ratebench.analysis.verdict import Thresholds
+from ratebench.events import STEP_DTYPE, EventFileWriter, read_engine_events
 from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from ratebench.verify import analyse_run
+from synthetic_runs import edit_client_records
 
 
 def isolation_run(tmp_path, shared_step_ns=None):
@@ -27,7 +34,11 @@ def isolation_checks(run_dir):
 def test_unthrottled_user_unaffected_by_throttled_neighbour(tmp_path):
     checks = isolation_checks(isolation_run(tmp_path))
     assert checks["isolation-rate"].passed and checks["isolation-rate"].figure > 0.9
-    assert checks["isolation-gap-p99"].passed is None  # reported only, no threshold given
+    # every latency judged against the solo phase (gaps, end to end, first token), the quantiles
+    # with too few samples for information
+    for name in ("isolation-gap-p50", "isolation-gap-p90", "isolation-gap-p99", "isolation-e2e-p50", "isolation-ttft"):
+        assert checks[name].passed, checks[name].explanation
+    assert checks["isolation-ttft-p90"].passed is None and "too few samples" in checks["isolation-ttft-p90"].explanation
 
 
 def test_neighbour_that_slows_everyone_fails_isolation(tmp_path):
@@ -44,8 +55,6 @@ def test_unthrottled_users_first_token_is_checked_against_its_baseline(tmp_path)
 
 
 def test_a_neighbour_that_delays_the_first_token_fails_isolation_ttft(tmp_path):
-    from synthetic_runs import edit_client_records
-
     run = isolation_run(tmp_path)
 
     def sent_earlier(recs):  # as if the shared phase's requests waited 0.5 s before their first token
@@ -58,3 +67,169 @@ def test_a_neighbour_that_delays_the_first_token_fails_isolation_ttft(tmp_path):
     assert checks["isolation-ttft"].passed is False
     assert checks["isolation-ttft"].figure > 500
     assert checks["isolation-rate"].passed  # the rate from the first token on does not see it
+
+
+# ---- a mix: every tier whose limits did not bind, pooled, against mix-baseline ----------------------
+
+MIX_LIMITS = {"pro-00": 100, "pro-01": 100, "free-00": 20, "free-01": 20, "team-00": 2000}
+
+
+def mix_run(tmp_path, *, refusals=True, pro_01_limit=100, team_isolated=True):
+    """A mix phase on the limiter-on engine and the same requests on the limiter-off engine
+    (mix-baseline): free-00/01 at 20 tok/s, two streams of 40 tokens each (their limit binds);
+    pro-00/01 at 100 tok/s, 12 answers of 6 tokens each, one every 100 ms (never out of budget);
+    team-00 at 2000 tok/s, a tier marked isolated. ``refusals``: the engine records refuse events."""
+    on = SimEngine("patched-sync", default_tps=100, user_tps={**MIX_LIMITS, "pro-01": pro_01_limit},
+                   record_refusals=refusals)
+    off = SimEngine("feature-off-sync", feature=False, default_tps=None)
+
+    def reqs(prefix):
+        out = [SimRequest(f"rb-5e1f0001-{prefix + 100 * k + i}", f"pro-0{k}", i, 6, arrive_offset_ns=100_000_000 * i)
+               for k in range(2) for i in range(12)]
+        out += [SimRequest(f"rb-5e1f0001-{prefix + 300 + 10 * k + i}", f"free-0{k}", i, 40)
+                for k in range(2) for i in range(2)]
+        return out + [SimRequest(f"rb-5e1f0001-{prefix + 400 + i}", "team-00", i, 10,
+                                 arrive_offset_ns=150_000_000 * i) for i in range(6)]
+
+    users = {f"pro-0{k}": {"limit_tps": 100, "streams": 12, "backlogged": False, "tier": "pro"} for k in range(2)}
+    users["pro-01"]["limit_tps"] = pro_01_limit
+    users |= {f"free-0{k}": {"limit_tps": 20, "streams": 2, "backlogged": False, "tier": "free"} for k in range(2)}
+    users["team-00"] = {"limit_tps": 2000, "streams": 6, "backlogged": False, "tier": "team"}
+    if team_isolated:
+        users["team-00"]["isolated"] = True
+    base_users = {u: {**v, "limit_tps": None} for u, v in users.items()}
+    phases = [SimPhase("mix", "mix", "mix", "patched-sync", "measure", users, reqs(1000)),
+              SimPhase("mix", "mix", "mix-baseline", "feature-off-sync", "baseline", base_users, reqs(2000))]
+    return write_run_folder(tmp_path / "run", [on, off], phases)
+
+
+def mix_checks(run_dir, th=None):
+    return [c for c in analyse_run(run_dir, th).verdict.checks if c.name.startswith("isolation")]
+
+
+def late_first_tokens(run_dir, users, late_ns=3_000_000_000):
+    """As if these users' requests in the mix phase waited ``late_ns`` more for their first token (and
+    so for every token): their send times moved that much earlier."""
+    def edit(recs):
+        for r in recs:
+            if r.phase == "mix" and r.user in users:
+                r.sent_ns -= late_ns
+                r.scheduled_ns -= late_ns
+
+    edit_client_records(run_dir, edit)
+
+
+def test_a_correct_mix_passes_isolation_for_every_unbound_tier(tmp_path):
+    checks = mix_checks(mix_run(tmp_path))
+    judged = {c.user for c in checks if c.passed is not None}
+    # pro never ran out of budget: judged, pooled over its users; free was refused charges: not judged
+    assert judged == {"pro tier", "team tier"}, judged
+    assert not [c for c in checks if c.user == "free tier"]
+    assert all(c.passed is not False for c in checks), [c.explanation for c in checks if c.passed is False]
+    pro = {c.name: c for c in checks if c.user == "pro tier"}
+    assert {"isolation-ttft", "isolation-ttft-p90", "isolation-e2e-p50", "isolation-gap-p50", "isolation-gap-p99",
+            "isolation-rate"} <= set(pro)
+    assert pro["isolation-ttft-p90"].passed  # 24 answers: enough for a p90
+    p99 = pro["isolation-ttft-p99"]
+    assert p99.passed is None and "too few samples for a p99" in p99.explanation
+    assert "2 unbound of 2 users" in pro["isolation-ttft"].explanation
+    [binding] = [c for c in checks if c.name == "isolation-binding"]
+    assert binding.passed is None and "free-00, free-01" in binding.explanation, binding.explanation
+
+
+def test_an_unbound_tier_whose_first_tokens_come_3_s_late_fails_naming_the_tier(tmp_path):
+    """cpu-tiny's mix: the pro tier (never out of budget) got its first token at p50 3.5 s against 12 ms on
+    the limiter-off engine, and verify-bound said PASS (only the team tier, marked isolated, was judged)."""
+    run_dir = mix_run(tmp_path)
+    late_first_tokens(run_dir, {"pro-00", "pro-01"})
+    failed = {c.name: c for c in mix_checks(run_dir) if c.passed is False}
+    assert {"isolation-ttft", "isolation-ttft-p90", "isolation-e2e-p50", "isolation-e2e-p90"} <= set(failed), failed
+    ttft = failed["isolation-ttft"]
+    assert ttft.user == "pro tier" and ttft.figure > 3000 and ttft.threshold < 100, ttft.explanation
+    assert ttft.explanation.startswith("pro tier, 2 users (pro-00, pro-01)")
+    assert "p50 time to first token 30" in ttft.explanation
+    assert {c.user for c in failed.values()} == {"pro tier"}
+    verdict = analyse_run(run_dir).verdict
+    assert not verdict.passed and "FAIL isolation-ttft mix/mix@patched-sync pro tier" in verdict.summary()
+
+
+def test_a_user_that_was_refused_charges_is_not_judged_by_isolation(tmp_path):
+    # pro-01 at 5 tok/s runs out of budget (refuse events): late as it is, isolation leaves it out
+    run_dir = mix_run(tmp_path, pro_01_limit=5)
+    late_first_tokens(run_dir, {"pro-01"})
+    checks = mix_checks(run_dir)
+    pro = [c for c in checks if c.user == "pro tier"]
+    assert pro and all(c.passed is not False for c in pro), [c.explanation for c in pro if c.passed is False]
+    assert "1 unbound of 2 users" in pro[0].explanation and "bound, not judged: pro-01" in pro[0].explanation
+    # the same delay on pro-00, the unbound user, fails
+    late_first_tokens(run_dir, {"pro-00"})
+    assert [c for c in mix_checks(run_dir) if c.name == "isolation-ttft" and c.user == "pro tier"][0].passed is False
+
+
+def test_an_engine_file_without_refusals_or_step_records_cannot_tell_and_never_passes(tmp_path):
+    run_dir = mix_run(tmp_path, refusals=False, team_isolated=False)
+    late_first_tokens(run_dir, {"pro-00", "pro-01"})
+    checks = mix_checks(run_dir)
+    tiers = [c for c in checks if c.name != "isolation-binding"]
+    assert {c.user for c in tiers} == {"pro tier", "free tier", "team tier"}
+    # neither pass nor fail: information, with the reason
+    assert all(c.passed is None and "cannot tell whose limit bound" in c.explanation for c in tiers)
+    [binding] = [c for c in checks if c.name == "isolation-binding"]
+    assert "no refuse event and no step records" in binding.explanation and "(none)" in binding.explanation
+    # the late tier's figures are still there to read
+    [ttft] = [c for c in tiers if c.name == "isolation-ttft" and c.user == "pro tier"]
+    assert ttft.figure > 3000
+
+
+def test_an_isolated_tier_is_judged_even_when_binding_cannot_be_told(tmp_path):
+    run_dir = mix_run(tmp_path, refusals=False)
+    late_first_tokens(run_dir, {"team-00"})
+    [ttft] = [c for c in mix_checks(run_dir) if c.name == "isolation-ttft" and c.user == "team tier"]
+    assert ttft.passed is False and "marked isolated" in ttft.explanation
+
+
+def test_step_records_without_refusals_say_no_limit_bound(tmp_path):
+    """A version 2 file with step records and no refuse event: the engine records refusals and refused
+    nobody, so every user is unbound and judged."""
+    run_dir = mix_run(tmp_path, refusals=False)
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    with EventFileWriter(path, ev.meta) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_steps(np.zeros(1, dtype=STEP_DTYPE))
+        w.write_block(ev.records)
+    checks = mix_checks(run_dir)
+    assert {c.user for c in checks if c.passed is not None} == {"pro tier", "free tier", "team tier"}
+    # free was throttled in fact, so against the limiter-off engine it fails: what the engine's record says
+    assert any(c.passed is False and c.user == "free tier" for c in checks)
+
+
+def test_isolation_thresholds_are_options(tmp_path):
+    run_dir = mix_run(tmp_path)
+    late_first_tokens(run_dir, {"pro-00", "pro-01"}, late_ns=100_000_000)
+    assert any(c.passed is False for c in mix_checks(run_dir))
+    lenient = Thresholds(isolation_ttft_factor=100, isolation_ttft_slack_ns=200_000_000, isolation_e2e_factor=100,
+                         isolation_e2e_slack_ns=200_000_000)
+    assert all(c.passed is not False for c in mix_checks(run_dir, lenient))
+
+
+def test_the_isolation_thresholds_are_verify_bound_options_and_reach_the_verdict(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from ratebench.cli import app
+
+    run_dir = mix_run(tmp_path)
+    late_first_tokens(run_dir, {"pro-00", "pro-01"}, late_ns=100_000_000)
+    args = ["verify-bound", str(run_dir), "--no-plots"]
+    assert CliRunner().invoke(app, args).exit_code == 1
+    lenient = ["--isolation-ttft-factor", "100", "--isolation-ttft-slack-ms", "200", "--isolation-e2e-factor", "100",
+               "--isolation-e2e-slack-ms", "200", "--isolation-gap-factor", "3", "--isolation-gap-slack-ms", "30"]
+    result = CliRunner().invoke(app, args + lenient)
+    assert result.exit_code == 0, result.output
+    th = json.loads((run_dir / "verdict.json").read_text())["thresholds"]
+    assert (th["isolation_ttft_factor"], th["isolation_ttft_slack_ns"], th["isolation_e2e_factor"],
+            th["isolation_e2e_slack_ns"], th["isolation_gap_factor"], th["isolation_gap_slack_ns"]) == \
+        (100, 200_000_000, 100, 200_000_000, 3, 30_000_000)

@@ -175,6 +175,26 @@ def active_places() -> Workload:
     ], scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=2))
 
 
+def crowd() -> Workload:
+    """More throttled users than resident slots (cpu-tiny's mix in small): ten users at 5 tok/s with
+    two streams each fill all 8 slots and are parked most of the time; four users whose limits never
+    bind send short requests one after the other, alone (baseline) and then beside the crowd (shared).
+    Throttled residents must give their slots to them (today's patch kept them: the four users
+    queued until the crowd's answers ended)."""
+    free = [f"free-{i}" for i in range(10)]
+    pro = [f"pro-{i}" for i in range(4)]
+    limits = {**{u: 5 for u in free}, **{u: 100_000 for u in pro}}
+
+    def pro_streams(start_s: float) -> list[Stream]:
+        return [Stream(u, 8, requests=12, start_s=start_s, pause_s=0.05) for u in pro]
+
+    return Workload(default_tps=100, user_tps=limits, phases=[
+        Phase("baseline", pro_streams(0.0), role="baseline", scenario="crowd", kind="crowd"),
+        Phase("shared", [Stream(u, 16) for u in free for _ in range(2)] + pro_streams(0.3),
+              backlogged=set(free), role="shared", scenario="crowd", kind="crowd"),
+    ], scheduler_kw=dict(max_num_seqs=8))
+
+
 def _under_priority(make, priorities: dict[str, int]):
     """``make``'s workload under the PRIORITY policy, each user's streams at ``priorities[user]`` (0
     if absent; lower goes first): the policy's own paths of the patch (running sorted by turn, not
@@ -196,11 +216,13 @@ seed_experiment_priority = _under_priority(seed_experiment, {"user-b": 1})
 isolation_priority = _under_priority(isolation, {"user-b": 1})  # the throttled user first
 active_places_priority = _under_priority(active_places, {})
 kv_tiny_priority = _under_priority(kv_tiny, {})
+crowd_priority = _under_priority(crowd, {})
 
 # the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
-                                     isolation_priority, active_places_priority, kv_tiny_priority, kv_growth)}
+                                     isolation_priority, active_places_priority, kv_tiny_priority, kv_growth,
+                                     crowd, crowd_priority)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
 
 
@@ -251,6 +273,9 @@ def assert_correct_passes(judged, workload: str, async_scheduling: bool) -> None
 
 BOUND = {"bound-dispatch", "bound-dispatch-run", "bound-emit", "bound-emit-run"}
 SPACING = {"even-spacing-dispatch", "even-spacing-emit"}
+# isolation (analysis/isolation.py): first token, end to end and gaps at p50/p90/p99, and the rate
+ISOLATION = {"isolation-rate", "isolation-ttft", "isolation-ttft-p90", "isolation-ttft-p99",
+             *(f"isolation-{m}-p{q}" for m in ("e2e", "gap") for q in (50, 90, 99))}
 
 
 # ---- the mutants ----------------------------------------------------------------------------------
@@ -365,7 +390,7 @@ def test_a_throttled_request_counted_as_active_starves_the_neighbour(judged, asy
     _, verdict = judged("isolation", ThrottledCountActive, async_scheduling=async_scheduling)
     # ... and user-b's later streams wait for a place before their first token: isolation-ttft names that
     assert_rejected_by(verdict, {("isolation-rate", "shared", "user-b"), ("isolation-ttft", "shared", "user-b")},
-                       only={"isolation-rate", "isolation-ttft"})
+                       only=ISOLATION)
     # user-a's three throttled streams hold three of the four active places: user-b runs one stream at a time
     assert check(verdict, "isolation-rate", "shared", "user-b").figure < 0.5
     assert_correct_passes(judged, "isolation", async_scheduling)

@@ -20,7 +20,8 @@ from synthetic_runs import one_phase_run
 CHECK_NAMES = (
     "bound-dispatch", "bound-emit", "bound-client", "bound-dispatch-run", "bound-emit-run", "delivery", "rate-seed",
     "reconciliation", "cancellation", "charge-parity", "stream-fairness", "isolation-rate", "isolation-ttft",
-    "isolation-gap-p99", "overhead", "event-recording", "jain-fairness", "even-spacing-dispatch",
+    "isolation-gap-p99", "isolation-ttft-p90", "isolation-ttft-p99", "isolation-e2e-p50", "isolation-e2e-p90",
+    "isolation-e2e-p99", "isolation-gap-p50", "isolation-gap-p90", "isolation-binding", "overhead", "event-recording", "jain-fairness", "even-spacing-dispatch",
     "even-spacing-emit", "identity", "wait-cpu", "wake-first-token", "wake-abort",
 )
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from sched_harness import Engine, FakeClock, create_scheduler, make_request
+from sched_harness import Engine, FakeClock, RequestStatus, create_scheduler, make_request
 
 pytestmark = pytest.mark.usefixtures("patched_vllm")
 
@@ -209,23 +209,46 @@ def test_throttled_request_keeps_kv_and_slot_and_resumes_without_recompute():
     assert r.num_output_tokens == 2
 
 
-@pytest.mark.parametrize(
-    ("max_num_seqs", "admitted"), [(8, True), (2, False)], ids=["active<seqs", "active=seqs"]
-)
-def test_throttled_requests_do_not_count_toward_active_cap(max_num_seqs, admitted):
+def test_throttled_requests_do_not_count_toward_active_cap():
     clock = FakeClock()
-    s = create_scheduler(
-        default_tps=1, user_tps={"b": 1000}, max_num_seqs=max_num_seqs, max_num_active_seqs=2, clock=clock
-    )
+    s = create_scheduler(default_tps=1, user_tps={"b": 1000}, max_num_seqs=8, max_num_active_seqs=2, clock=clock)
     e = Engine(s, clock, step_s=0.01)
     e.add(make_request("a0", user="a", max_tokens=100), make_request("a1", user="a", max_tokens=100))
     e.step()
     e.step()  # both of user a's requests are now throttled
-    b = make_request("b0", user="b", max_tokens=100)
-    e.add(b)
+    e.add(make_request("b0", user="b", max_tokens=100))
     out = e.step()
-    assert ("b0" in out.num_scheduled_tokens) is admitted
-    assert s.get_request_counts()[0] == (3 if admitted else 2)
+    assert "b0" in out.num_scheduled_tokens and not out.preempted_req_ids
+    assert s.get_request_counts() == (3, 0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_throttled_residents_give_their_slot_to_a_user_with_budget(async_scheduling):
+    """Every resident slot held by a throttled request: a request of a user with budget takes the slot
+    of the one whose user's budget returns last; the one preempted waits in the queue, without holding
+    up requests behind it, until its user is ready again (no thrashing), then resumes complete."""
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"a": 2, "c": 1, "b": 1000}, max_num_seqs=2,
+                         max_num_active_seqs=2, clock=clock, async_scheduling=async_scheduling)
+    e = Engine(s, clock, step_s=0.01)
+    a0, c0 = make_request("a0", user="a", max_tokens=6), make_request("c0", user="c", max_tokens=6)
+    e.add(a0, c0)
+    for _ in range(3):
+        e.step()  # both throttled: user c's budget returns last (1 tok/s against 2)
+    assert a0.output_rate_parked and c0.output_rate_parked
+    b0 = make_request("b0", user="b", max_tokens=3)
+    e.add(b0)
+    out = e.step()
+    assert "b0" in out.num_scheduled_tokens and "c0" in out.preempted_req_ids
+    assert c0.status == RequestStatus.PREEMPTED and a0.output_rate_parked
+    b1 = make_request("b1", user="b", max_tokens=3)
+    e.add(b1)  # behind c0 in the queue: c0's user is out of budget, b1 takes the slot b0 leaves
+    e.run_for_s(0.1)
+    assert b0.is_finished() and b1.is_finished()
+    assert c0.status == RequestStatus.PREEMPTED  # not readmitted before its user is ready
+    e.run_for_s(10)
+    e.drain()
+    assert a0.num_output_tokens == 6 and c0.num_output_tokens == 6
 
 
 def test_running_loop_schedules_at_most_the_active_cap():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
+from ratebench.analysis.isolation import isolation_checks
 from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
@@ -12,6 +13,7 @@ from ratebench.analysis.pressure import SETTLE_NS, place_shares, stream_waits
 from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
+from ratebench.analysis.workcons import work_conservation
 
 WHOLE = "*"
 
@@ -103,11 +105,12 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_engines_as_asked(run))
     checks.extend(_identity(run, s))
     checks.extend(_waiting(s, th))
-    checks.extend(_isolation(run, s, th))
+    checks.extend(isolation_checks(run, s, th))
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
     checks.extend(lateness_checks(run))
     checks.extend(_pressure(run, th))
+    checks.extend(_work_conservation(run, th))
     return checks
 
 
@@ -236,84 +239,6 @@ def _charge_parity(row: UserPhaseSummary, ids) -> Check:
     return Check("charge-parity", *ids, row.charge_over_allowance, 0, "<=", "tokens", ok, text)
 
 
-def _user_rate(row: UserPhaseSummary) -> float | None:
-    rate = row.emit_rate or row.client_rate
-    return rate.seed_rate_tps if rate else None
-
-
-def _p99(row: UserPhaseSummary) -> float | None:
-    g = row.gaps_emit_request or row.gaps_client_request
-    return g.p99_ns if g else None
-
-
-def _isolated_users(base, sh) -> list[str]:
-    """The users judged against the baseline phase: all of its users, or in a mix, the users of the
-    tiers marked isolated (the others run at their limits beside the limiter-off baseline)."""
-    if sh.kind == "mix":
-        return [u for u in base.users if sh.users.get(u) is not None and sh.users[u].get("isolated")]
-    return list(base.users)
-
-
-def _isolation(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
-    out = []
-    for base in (p for p in run.phases if p.role == "baseline"):
-        shared = [p for p in run.phases if p.scenario == base.scenario
-                  and (p.role == "shared" or (p.kind == "mix" and p.role == "measure"))]
-        same_engine = [p for p in shared if p.engine == base.engine]
-        for sh in same_engine or shared[:1]:
-            for user in _isolated_users(base, sh):
-                b, x = s.rows.get((base.index, user)), s.rows.get((sh.index, user))
-                if b is None or x is None:
-                    continue
-                ids = (sh.scenario, sh.phase, sh.engine, user)
-                rb, rx = _user_rate(b), _user_rate(x)
-                if rb and rx is not None:
-                    ratio = rx / rb
-                    out.append(Check("isolation-rate", *ids, round(ratio, 4), th.isolation_min, ">=", "x baseline",
-                                     ratio >= th.isolation_min,
-                                     f"rate beside the throttled neighbour {rx:.1f} tok/s vs alone {rb:.1f} tok/s"))
-                if sh.kind == "mix" and out and out[-1].name == "isolation-rate":
-                    # information only: the limiter's places go round users (each user's next stream
-                    # before any user's second), the limiter-off engine's to requests first come
-                    last = out[-1]
-                    last.passed = None
-                    last.explanation += ("; information only in a mix: places go round the users here, "
-                                         "to requests first come with the limiter off")
-                ttft = _ttft_check(b, x, th, ids)
-                if ttft is not None:
-                    out.append(ttft)
-                gb, gx = _p99(b), _p99(x)
-                if gb and gx is not None:
-                    ratio = gx / gb
-                    passed = None if th.isolation_gap_max is None else ratio <= th.isolation_gap_max
-                    out.append(Check("isolation-gap-p99", *ids, round(ratio, 4), th.isolation_gap_max, "<=",
-                                     "x baseline", passed,
-                                     f"p99 inter-token gap {gx / 1e6:.2f} ms beside the neighbour vs "
-                                     f"{gb / 1e6:.2f} ms alone"))
-    return out
-
-
-def _ttft_check(base: UserPhaseSummary, shared: UserPhaseSummary, th: Thresholds, ids) -> Check | None:
-    """p50 time to first token beside the neighbour <= factor * p50 alone + slack (client side; the
-    engine side, first emit event - sent, when there are no client chunks)."""
-    for side, b, x in (("client", base.ttft_client, shared.ttft_client),
-                       ("engine", base.ttft_engine, shared.ttft_engine)):
-        if b is not None and x is not None:
-            break
-    else:
-        return None
-    allowed_ns = th.isolation_ttft_factor * b.p50_ns + th.isolation_ttft_slack_ns
-    text = (f"p50 time to first token ({side}: {'first chunk' if side == 'client' else 'first emit event'} - sent) "
-            f"{x.p50_ns / 1e6:.1f} ms beside the neighbour vs {b.p50_ns / 1e6:.1f} ms alone, allowed "
-            f"{th.isolation_ttft_factor:g} x alone + {th.isolation_ttft_slack_ns / 1e6:g} ms = {allowed_ns / 1e6:.1f} ms; "
-            f"max {x.max_ns / 1e6:.1f} ms vs {b.max_ns / 1e6:.1f} ms")
-    if side == "client" and base.ttft_engine is not None and shared.ttft_engine is not None:
-        text += (f"; engine side (first emit - sent) p50 {shared.ttft_engine.p50_ns / 1e6:.1f} ms vs "
-                 f"{base.ttft_engine.p50_ns / 1e6:.1f} ms")
-    return Check("isolation-ttft", *ids, round(x.p50_ns / 1e6, 3), round(allowed_ns / 1e6, 3), "<=", "ms",
-                 x.p50_ns <= allowed_ns, text)
-
-
 def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
     """feature-on against each other role: 1 - the median of the per-round throughput ratios."""
     out = []
@@ -414,4 +339,36 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
                                  f"{len(ps.ratios)} users", round(j, 4), th.place_jain_min, ">=", "index",
                                  j >= th.place_jain_min,
                                  f"Jain's index of the users' rates / fair shares {window}"))
+    return out
+
+
+def _work_conservation(run: RunData, th: Thresholds) -> list[Check]:
+    """Per phase and engine with step records: no run of consecutive steps left a place or a slot idle,
+    or held by a throttled request, while a request of a user with budget waited (a single step, the
+    one in which a budget flips, excepted). On an engine with the limiter off: the same figures, for
+    information (the reference)."""
+    out = []
+    limit = th.work_conservation_max_run_steps
+    for wc in work_conservation(run):
+        ids = (wc.scenario, wc.phase, wc.engine, None)
+        if wc.not_judged is not None:
+            out.append(Check("work-conservation", *ids, None, limit, "<=", "steps", None,
+                             f"{wc.not_judged}: work conservation not judged"))
+            continue
+        lim = wc.limits
+        text = (f"{wc.violating} of {wc.steps} steps ({wc.violating_pct:.2f} %) left an active place idle while "
+                f"a request of a user with budget waited and a throttled resident could have given way, or there "
+                f"was room (fewer than {lim.max_num_active_seqs} requests given tokens, token budget left, and a "
+                f"throttled resident or a free slot with half of the {lim.num_kv_blocks} KV blocks free: "
+                f"{wc.place} place; of them {wc.slot} slot: all {lim.max_num_seqs} slots taken, one or more by a "
+                f"throttled request)")
+        if wc.violating:
+            text += (f"; longest run {wc.longest_run_steps} step(s), {wc.longest_run_ns / 1e6:.1f} ms, from "
+                     f"{wc.longest_run_start_ns / 1e9:.3f} s into the phase; {wc.long_runs} of {wc.runs} runs "
+                     f"longer than one step")
+        text += f"; allowed: runs of at most {limit} step(s) (the step in which a budget flips)"
+        if not wc.limiter_on:
+            text = "limiter off (the reference, not judged): " + text
+        passed = None if not wc.limiter_on else wc.longest_run_steps <= limit
+        out.append(Check("work-conservation", *ids, wc.longest_run_steps, limit, "<=", "steps", passed, text))
     return out

@@ -17,12 +17,17 @@ from ratebench.outputs.markdown import write_comparison
 
 # The thresholds of verify-bound: one option each, turned into Thresholds by thresholds() alone.
 _OPT_DELIVERY = typer.Option("--delivery-min", help="backlogged user's steady rate, at least this x its limit")
-_OPT_ISOLATION = typer.Option("--isolation-min", help="unthrottled user's rate beside a throttled one, x alone")
-_OPT_ISO_GAP = typer.Option("--isolation-gap-max", help="its p99 gap beside a throttled one, at most x alone "
-                                                         "(default: report only)")
-_OPT_ISO_TTFT = typer.Option("--isolation-ttft-factor", help="its p50 time to first token beside a throttled one, "
-                                                                "at most this x alone + --isolation-ttft-slack-ms")
-_OPT_ISO_TTFT_SLACK = typer.Option("--isolation-ttft-slack-ms", help="added to the allowed p50 time to first token")
+_OPT_ISOLATION = typer.Option("--isolation-min", help="a user whose limit did not bind: its rate beside throttled "
+                                                        "users, at least this x on the phase's baseline")
+_OPT_ISO_TTFT = typer.Option("--isolation-ttft-factor", help="its p50/p90/p99 time to first token, at most this x the "
+                                                                "baseline's + --isolation-ttft-slack-ms")
+_OPT_ISO_TTFT_SLACK = typer.Option("--isolation-ttft-slack-ms", help="added to the allowed time to first token")
+_OPT_ISO_E2E = typer.Option("--isolation-e2e-factor", help="its p50/p90/p99 end-to-end latency, at most this x the "
+                                                             "baseline's + --isolation-e2e-slack-ms")
+_OPT_ISO_E2E_SLACK = typer.Option("--isolation-e2e-slack-ms", help="added to the allowed end-to-end latency")
+_OPT_ISO_GAP = typer.Option("--isolation-gap-factor", help="its p50/p90/p99 inter-token gap, at most this x the "
+                                                             "baseline's + --isolation-gap-slack-ms")
+_OPT_ISO_GAP_SLACK = typer.Option("--isolation-gap-slack-ms", help="added to the allowed inter-token gap")
 _OPT_OVERHEAD = typer.Option("--max-overhead", help="fail when 1 - throughput(feature-on)/throughput(off or stock) "
                                                      "(the median of the per-round ratios) exceeds this "
                                                      "(default: report only)")
@@ -46,36 +51,50 @@ _OPT_PLACE_SHARE = typer.Option("--place-share-min", help="with more streams tha
                                                            "at least this x its max-min fair share")
 _OPT_PLACE_JAIN = typer.Option("--place-jain-min", help="Jain's index of the users' rates / fair shares of the "
                                                          "active places")
+_OPT_WORK_RUN = typer.Option("--work-conservation-max-run-steps",
+                             help="work conservation: the longest run of consecutive engine steps that may leave a "
+                                  "place or a slot idle, or held by a throttled request, while a request of a user "
+                                  "with budget waits (1: the step in which a budget flips)")
 _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
                                                          "(default: the longest engine step measured)")
 
 
-def thresholds(*, delivery_min: float, isolation_min: float, isolation_gap_max: float | None,
+def thresholds(*, delivery_min: float, isolation_min: float,
                isolation_ttft_factor: float, isolation_ttft_slack_ms: float, max_overhead: float | None,
                max_event_overhead: float | None, cancel_max_steps: int, stream_spread_max: int, jain_min: float,
                emit_tolerance_ms: float | None, spacing_slack_ms: float, wait_cpu_max: float,
                wake_max_ms: float, stream_wait_factor: float = 2.0, stream_wait_slack_ms: float = 300.0,
-               place_share_min: float = 0.5, place_jain_min: float = 0.9) -> Thresholds:
+               place_share_min: float = 0.5, place_jain_min: float = 0.9,
+               work_conservation_max_run_steps: int = 1, isolation_e2e_factor: float = 1.5,
+               isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
+               isolation_gap_slack_ms: float = 20.0) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
-    return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
+    return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
                       isolation_ttft_slack_ns=round(isolation_ttft_slack_ms * 1e6),
+                      isolation_e2e_factor=isolation_e2e_factor,
+                      isolation_e2e_slack_ns=round(isolation_e2e_slack_ms * 1e6),
+                      isolation_gap_factor=isolation_gap_factor,
+                      isolation_gap_slack_ns=round(isolation_gap_slack_ms * 1e6),
                       max_overhead=max_overhead, max_event_overhead=max_event_overhead,
                       cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                       emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6),
                       spacing_slack_ns=round(spacing_slack_ms * 1e6), wait_cpu_max=wait_cpu_max,
                       wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
                       stream_wait_slack_ns=round(stream_wait_slack_ms * 1e6), place_share_min=place_share_min,
-                      place_jain_min=place_jain_min)
+                      place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps)
 
 
 def verify_bound(
     run_dir: Annotated[Path, typer.Argument(help="a run folder written by `ratebench run`")],
     delivery_min: Annotated[float, _OPT_DELIVERY] = 0.97,
     isolation_min: Annotated[float, _OPT_ISOLATION] = 0.9,
-    isolation_gap_max: Annotated[float | None, _OPT_ISO_GAP] = None,
-    isolation_ttft_factor: Annotated[float, _OPT_ISO_TTFT] = 2.0,
-    isolation_ttft_slack_ms: Annotated[float, _OPT_ISO_TTFT_SLACK] = 50.0,
+    isolation_ttft_factor: Annotated[float, _OPT_ISO_TTFT] = 1.5,
+    isolation_ttft_slack_ms: Annotated[float, _OPT_ISO_TTFT_SLACK] = 20.0,
+    isolation_e2e_factor: Annotated[float, _OPT_ISO_E2E] = 1.5,
+    isolation_e2e_slack_ms: Annotated[float, _OPT_ISO_E2E_SLACK] = 50.0,
+    isolation_gap_factor: Annotated[float, _OPT_ISO_GAP] = 1.5,
+    isolation_gap_slack_ms: Annotated[float, _OPT_ISO_GAP_SLACK] = 20.0,
     max_overhead: Annotated[float | None, _OPT_OVERHEAD] = None,
     max_event_overhead: Annotated[float | None, _OPT_EVENT_OVERHEAD] = None,
     cancel_max_steps: Annotated[int, _OPT_CANCEL] = 1,
@@ -89,6 +108,7 @@ def verify_bound(
     stream_wait_slack_ms: Annotated[float, _OPT_STREAM_WAIT_SLACK] = 300.0,
     place_share_min: Annotated[float, _OPT_PLACE_SHARE] = 0.5,
     place_jain_min: Annotated[float, _OPT_PLACE_JAIN] = 0.9,
+    work_conservation_max_run_steps: Annotated[int, _OPT_WORK_RUN] = 1,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -101,14 +121,16 @@ def verify_bound(
     --partial: the run did not complete); 4: --partial on a run that did not complete, and
     every check of its completed phases passed.
     """
-    th = thresholds(delivery_min=delivery_min, isolation_min=isolation_min, isolation_gap_max=isolation_gap_max,
+    th = thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                     isolation_ttft_factor=isolation_ttft_factor, isolation_ttft_slack_ms=isolation_ttft_slack_ms,
+                    isolation_e2e_factor=isolation_e2e_factor, isolation_e2e_slack_ms=isolation_e2e_slack_ms,
+                    isolation_gap_factor=isolation_gap_factor, isolation_gap_slack_ms=isolation_gap_slack_ms,
                     max_overhead=max_overhead, max_event_overhead=max_event_overhead,
                     cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                     emit_tolerance_ms=emit_tolerance_ms, spacing_slack_ms=spacing_slack_ms,
                     wait_cpu_max=wait_cpu_max, wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
                     stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
-                    place_jain_min=place_jain_min)
+                    place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:

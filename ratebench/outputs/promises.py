@@ -33,6 +33,8 @@ PROMISES: dict[str, str] = {
 _UPPER = "{plot}, the user's panel: red, slack under the bound over time, its tightest window shaded"
 _LOWER = "{plot}, the user's panel: blue, the margin above even spacing over time, its emptiest window shaded"
 _REPORT_ROW = "report.md, the row of {where}"
+_ISOLATION_LOOK = ("verdict.json, checks: the isolation-* checks of {where} (every quantile, both phases' figures); "
+                   "{plot}, the gaps panel, against the baseline phase's plot")
 
 
 @dataclass(frozen=True)
@@ -84,13 +86,23 @@ CHECKS: dict[str, CheckMeaning] = {
     "prompt-free": CheckMeaning("1", "long prompts waited for their first token as if their prompt tokens were "
                                 "charged against the user's budget", "report.md, times to first token of the "
                                 "long-prompt phase; {events}: the first emit of each request against its send"),
-    "isolation-rate": CheckMeaning("4", "an unthrottled user slowed down beside a throttled neighbour",
-                                   "{plot} against the baseline phase's plot"),
-    "isolation-ttft": CheckMeaning("4", "an unthrottled user waited longer for its first token beside a throttled "
-                                   "neighbour", "report.md, inter-token gaps and times to first token; {plot}, "
-                                   "the gaps panel"),
-    "isolation-gap-p99": CheckMeaning("4", "an unthrottled user's inter-token gaps grew beside a throttled "
-                                      "neighbour", "{plot}, the gaps panel; report.md, inter-token gaps"),
+    "isolation-rate": CheckMeaning("4", "a user (in a mix, a tier) whose limit did not bind got fewer tokens per "
+                                   "second beside throttled users than on the phase's baseline",
+                                   _ISOLATION_LOOK),
+    **{name: CheckMeaning("4", f"a user (in a mix, a tier) whose limit did not bind waited longer {what} beside "
+                          "throttled users than on the phase's baseline (the same requests; in a mix, on the "
+                          "limiter-off engine)", _ISOLATION_LOOK)
+       for name, what in (("isolation-ttft", "for its first token (p50)"),
+                          ("isolation-ttft-p90", "for its first token (p90)"),
+                          ("isolation-ttft-p99", "for its first token (p99)"),
+                          ("isolation-e2e-p50", "for its whole answers (p50)"),
+                          ("isolation-e2e-p90", "for its whole answers (p90)"),
+                          ("isolation-e2e-p99", "for its whole answers (p99)"),
+                          ("isolation-gap-p50", "between tokens (p50)"),
+                          ("isolation-gap-p90", "between tokens (p90)"),
+                          ("isolation-gap-p99", "between tokens (p99)"))},
+    "isolation-binding": CheckMeaning("4", "whose limit bound in a mix phase (refuse events), so which tiers "
+                                      "isolation judged (information)", "{events}: the refuse events (kind 4)"),
     "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _LOWER),
     "kv-pressure-applied": CheckMeaning("4", "the kv-pressure phase never ran short of KV cache: it shows nothing "
                                         "about throttled requests holding KV", "engines/{engine}/engine.log: the KV "
@@ -105,6 +117,10 @@ CHECKS: dict[str, CheckMeaning] = {
     "place-share-jain": CheckMeaning("4", "with more streams than active places, the users' shares of the places "
                                      "were uneven", "verdict.json, checks: each user's rate against its fair share; "
                                      "{plot}"),
+    "work-conservation": CheckMeaning("4", "for two or more engine steps in a row, a batch place or a resident slot "
+                                      "stayed idle, or held by a throttled request, while a request of a user with "
+                                      "budget waited", "{events}: the step records from the time the explanation "
+                                      "gives (resident, throttled, waiting_ready, reqs, kv_free); {plot}"),
     "overhead": CheckMeaning("7", "with limits never reached, the limiter costs more throughput than allowed "
                              "against the limiter off or stock vLLM",
                              "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "

@@ -99,11 +99,20 @@ DEFINITIONS = """\
 - **Cancellation**: the engine finishes a cancelled request with abort (or had finished it
   already), nothing happens for it after its finish event, and at most the threshold of its emit
   events come after the client's cancel time. Charged tokens: its dispatch events.
-- **Isolation**: the unthrottled user's rate (and p99 gap) beside a throttled neighbour
-  (`shared`) over its rate alone (`baseline`). **Time to first token**: per request, the first
-  token-carrying chunk minus the send time (client; engine side: the first emit event minus the
-  send time); its p50 beside the neighbour must be at most `isolation_ttft_factor` x the p50
-  alone + `isolation_ttft_slack_ns` (defaults 2 x + 50 ms).
+- **Isolation**, for every user whose limit did not bind, in every phase with a baseline (the
+  `isolation` and `kv-pressure` scenarios' user against its solo phase; a `mix` against
+  `mix-baseline`, the same requests on the limiter-off engine). **Did not bind**: the limiter-on
+  engine recorded no refuse event (a charge refused, the user out of budget) for the user in the
+  phase; an event file with no refuse event and no step records cannot tell, and then only the
+  scenario's own user and the tiers marked `isolated` are judged, the rest shown for information
+  with the reason. Outside a mix per user; in a mix per tier, pooled over its unbound users.
+  **Time to first token**: per request, the first token-carrying chunk minus the send time;
+  **end-to-end**: the last chunk minus the send time, answers that ended by themselves;
+  **inter-token gap**: between one request's consecutive chunks (all three on the engine's emit
+  events when the client recorded no chunks). Each at p50, p90 and p99 at most factor x the
+  baseline's + slack (1.5 x + 20 ms first token and gap, 1.5 x + 50 ms end to end); a quantile
+  with fewer than 10 (p90) or 100 (p99) samples on either phase is information only. **Rate**:
+  the unit's tokens over its first to last token, at least `isolation_min` (0.9) x the baseline's.
 - **Overhead**: the overhead scenario runs its roles (feature-on: limits never reached;
   feature-on-no-events: the same without engine events; feature-off; stock vLLM) interleaved,
   one phase each per round. A phase's throughput = its client tokens / (last token received -

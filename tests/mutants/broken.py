@@ -355,4 +355,20 @@ class RunningLoopUpstreamVictim(Mutant):
 
     def apply(self, scheduler) -> None:
         victim = scheduler._output_rate_victim
-        scheduler._output_rate_victim = lambda request, benched=False: None if benched else victim(request)
+        scheduler._output_rate_victim = (
+            lambda request, benched=False, for_slot=False: None if benched else victim(request, for_slot=for_slot)
+        )
+
+
+class ThrottledKeepSlots(Mutant):
+    """Throttled residents keep their slots (the patch before work conservation): with every slot
+    held by parked requests, requests of users with budget queue behind them until the throttled
+    answers end, while the active places idle."""
+
+    name = "throttled-keep-slots"
+
+    def apply(self, scheduler) -> None:
+        victim = scheduler._output_rate_victim
+        scheduler._output_rate_victim = (
+            lambda request, benched=False, for_slot=False: None if for_slot else victim(request, benched)
+        )

@@ -31,6 +31,7 @@ from ratebench._io import atomic_write_json
 from ratebench.events import (
     ENV_VAR,
     KIND_DISPATCH,
+    KIND_REFUSE,
     KIND_EMIT,
     KIND_FINISH,
     RECORD_DTYPE,
@@ -271,8 +272,8 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
 
 def _write_events(run_dir: Path, raw, rec: _Recorder, user_of_req: dict[str, str]) -> None:
     """Dispatch events of the patch's recorder (fake-clock times) plus harness-timed emits and finishes."""
-    d = raw.of_kind(KIND_DISPATCH)
-    rows = [(int(r["t_ns"]), KIND_DISPATCH, raw.strings[r["req"]], 0, 1) for r in d]
+    d = raw.records[np.isin(raw.records["kind"], (KIND_DISPATCH, KIND_REFUSE))]
+    rows = [(int(r["t_ns"]), int(r["kind"]), raw.strings[r["req"]], 0, 1) for r in d]
     rows += rec.emits
     rows.sort(key=lambda r: r[0])  # stable: a step's dispatches before its emits at equal times
     with EventFileWriter(run_dir / "engines" / ENGINE / "events.rbev", raw.meta) as w:
@@ -281,6 +282,8 @@ def _write_events(run_dir: Path, raw, rec: _Recorder, user_of_req: dict[str, str
             arr[i] = (t, kind, reason, 0, w.intern(req), w.intern(user_of_req[req]), count)
         for i in range(0, max(len(arr), 1), 4096):
             w.write_block(arr[i:i + 4096])
+        if len(raw.steps):
+            w.write_steps(raw.steps)
 
 
 def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], scen: list[dict], rec: _Recorder,

@@ -1,0 +1,356 @@
+"""Isolation (promise 4): every user whose limit did not bind fares beside the throttled users as it
+does on the phase's baseline, the same requests without the throttled neighbours' limits binding.
+
+Which phases: each phase with a baseline, paired as the scenarios plan them. A ``shared`` phase (the
+``isolation`` and ``kv-pressure`` scenarios) against its user's solo phase (role ``baseline``, the same
+engine); a ``mix`` phase (role ``measure``) against ``mix-baseline``, the same requests on the
+limiter-off engine.
+
+Which users (``unbound``): a user did not bind in a phase when the limiter-on engine recorded no
+``refuse`` event for it (kind 4 of the engine event file: a charge refused because the user was out
+of budget) within the phase's time window (or for one of the phase's requests). The engine can tell
+only when it records refusals: an event file with no refuse event at all and no per-step records
+comes from an engine patched before refusals were recorded, and then no user counts as unbound: the
+checks are made, for information, and say why. The ``isolation`` and ``kv-pressure`` scenarios' user
+(the baseline phase's user) and a mix tier marked ``isolated`` are judged whatever the file says:
+the scenario declares their limits out of reach.
+
+How: outside a mix per user; in a mix per tier, pooled over the tier's unbound users (a user's own
+requests in a mix are a handful). Same side on both phases: the client's chunks when the client
+recorded them, the engine's emit events otherwise.
+
+* time to first token: first token-carrying chunk (engine: first emit event) - sent, per request;
+* inter-token gap: between consecutive chunks (emit events) of one request, pooled;
+* end-to-end: last chunk (emit event) - sent, per request that finished (stop or length; not
+  cancelled, no error);
+* rate: the unit's tokens over the time from its first token to its last. For a closed loop (the
+  isolation scenario's streams, a closed-loop tier) the service sets it; for a mix tier with open-loop
+  arrivals the arrivals do, and it falls only when the tier's last answers come late (judged all the
+  same: the same requests on both engines).
+
+Each latency at p50, p90 and p99 must stay within ``factor x baseline + slack`` (Thresholds); the rate
+at least ``isolation_min`` x the baseline's. A quantile is judged only when both phases have
+``MIN_SAMPLES[q]`` samples for it (one sample beyond the quantile: 10 for p90, 100 for p99); with
+fewer it is reported for information and says so (p50 is always judged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from ratebench.analysis.gaps import gap_stats
+from ratebench.analysis.load import RunData
+from ratebench.analysis.segments import diffs_within, group_by
+from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.verdict import Check, Thresholds
+from ratebench.events import KIND_EMIT, PhaseRecord
+
+try:
+    from ratebench.events import KIND_REFUSE
+except ImportError:  # an events.py from before refusals were recorded: the kind ratebench/events.py gives them
+    KIND_REFUSE = 4
+
+# samples each phase needs before a quantile is judged: one beyond it (p50: any)
+MIN_SAMPLES = {50: 1, 90: 10, 99: 100}
+QUANTILES = (50, 90, 99)
+ENDED = ("stop", "length")  # client finish reasons of an answer that ended by itself
+
+# (check name stem, what, Thresholds attribute prefix)
+_MEASURES = (("ttft", "time to first token", "isolation_ttft"),
+             ("e2e", "end-to-end latency", "isolation_e2e"),
+             ("gap", "inter-token gap", "isolation_gap"))
+
+
+def check_name(stem: str, q: int) -> str:
+    """``isolation-ttft`` (p50, the name it always had), ``isolation-ttft-p90``, ``isolation-gap-p99``, ..."""
+    if stem == "ttft" and q == 50:
+        return "isolation-ttft"
+    return f"isolation-{stem}-p{q}"
+
+
+@dataclass
+class Binding:
+    """Which users' limits bound in a limiter-on phase, from its engine's refuse events."""
+
+    known: bool  # the engine's event file records refusals
+    refused: dict[str, int] = field(default_factory=dict)  # user -> refuse events in the phase
+    why: str = ""  # how it was told, or why it cannot be
+
+    def bound(self, user: str) -> bool:
+        return self.refused.get(user, 0) > 0
+
+
+def records_refusals(events) -> bool:
+    """Whether an engine event file comes from an engine that records refusals: it has refuse events, or
+    per-step records (the same version of the patch writes both, so a file with steps and no refusal
+    says nobody was refused)."""
+    if len(events.records) and bool((events.records["kind"] == KIND_REFUSE).any()):
+        return True
+    steps = getattr(events, "steps", None)  # version 2 of the format
+    return steps is not None and len(steps) > 0
+
+
+def phase_binding(run: RunData, p: PhaseRecord) -> Binding:
+    """The users refused a charge in phase ``p`` (its time window, or one of its requests)."""
+    eng = run.engines[p.engine]
+    if not eng.feature:
+        return Binding(True, {}, "the limiter is off on this engine")
+    trace = run.traces.get(p.engine)
+    if trace is None:
+        return Binding(False, {}, f"engine {p.engine} recorded no event file, so nothing says whose limit bound")
+    if not records_refusals(trace.events):
+        return Binding(False, {}, f"cannot tell whose limit bound: engine {p.engine}'s event file has no refuse "
+                                  "event and no step records (an engine patched before refusals were recorded)")
+    recs = trace.records
+    sel = recs["kind"] == KIND_REFUSE
+    sel &= ((recs["t_ns"] >= p.start_ns) & (recs["t_ns"] <= p.end_ns)) | (trace.req_phase[recs["req"]] == p.index)
+    users, counts = np.unique(recs["user"][sel], return_counts=True)
+    refused = {trace.events.strings[int(u)]: int(n) for u, n in zip(users, counts)}
+    return Binding(True, refused, "bound: refused a charge (a refuse event) in the phase; unbound: none")
+
+
+@dataclass
+class Latencies:
+    """One unit's requests in one phase, on one side."""
+
+    side: str  # "client" or "engine"
+    requests: int
+    ttft_ns: np.ndarray
+    e2e_ns: np.ndarray
+    gap_ns: np.ndarray
+    tokens: int
+    first_ns: int | None  # the unit's first token
+    last_ns: int | None  # ... and its last
+
+    def of(self, stem: str) -> np.ndarray:
+        return {"ttft": self.ttft_ns, "e2e": self.e2e_ns, "gap": self.gap_ns}[stem]
+
+    @property
+    def rate_tps(self) -> float | None:
+        if self.first_ns is None or self.last_ns is None or self.last_ns <= self.first_ns:
+            return None
+        return self.tokens / ((self.last_ns - self.first_ns) / 1e9)
+
+
+class _EngineRequests:
+    """Per request code of one engine trace: first and last emit, tokens, and each emit's gap."""
+
+    def __init__(self, trace) -> None:
+        recs = trace.records
+        em = (recs["kind"] == KIND_EMIT) & (recs["count"] > 0)
+        t, req, count = recs["t_ns"][em], recs["req"][em].astype(np.int64), recs["count"][em].astype(np.int64)
+        g = group_by(req)
+        n = len(trace.events.strings)
+        self.first = np.full(n, -1, dtype=np.int64)
+        self.last = np.full(n, -1, dtype=np.int64)
+        self.tokens = np.zeros(n, dtype=np.int64)
+        t_g, req_g = t[g.order], req[g.order]  # time order kept inside each request
+        if len(g):
+            self.first[g.keys] = t_g[g.starts]
+            self.last[g.keys] = t_g[g.ends - 1]
+            self.tokens[g.keys] = np.add.reduceat(count[g.order], g.starts)
+        self.gaps, self.gap_req = diffs_within(t_g, req_g)
+        has = trace.req_record >= 0
+        self.code_of = dict(zip(trace.req_record[has].tolist(), np.flatnonzero(has).tolist()))  # record -> code
+
+
+def _client_side(records: list, sent_ok: list[int]) -> Latencies | None:
+    with_chunks = [i for i in sent_ok if records[i].chunk_ns]
+    if not with_chunks:
+        return None
+    lengths = np.fromiter((len(records[i].chunk_ns) for i in with_chunks), dtype=np.int64, count=len(with_chunks))
+    t = np.fromiter(chain.from_iterable(records[i].chunk_ns for i in with_chunks), dtype=np.int64,
+                    count=int(lengths.sum()))
+    owner = np.repeat(np.arange(len(with_chunks)), lengths)
+    sent = np.array([records[i].sent_ns for i in with_chunks], dtype=np.int64)
+    ends = np.cumsum(lengths)
+    first, last = t[ends - lengths], t[ends - 1]
+    ended = np.array([_ended(records[i]) for i in with_chunks], dtype=bool)
+    gaps, _ = diffs_within(t, owner)
+    tokens = sum(sum(records[i].chunk_tokens) for i in with_chunks)
+    return Latencies("client", len(sent_ok), first - sent, (last - sent)[ended], gaps, int(tokens),
+                     int(first.min()), int(last.max()))
+
+
+def _engine_side(run: RunData, engine: str, cache: dict, sent_ok: list[int]) -> Latencies | None:
+    trace = run.traces.get(engine)
+    if trace is None:
+        return None
+    if engine not in cache:
+        cache[engine] = _EngineRequests(trace)
+    er: _EngineRequests = cache[engine]
+    mine = [i for i in sent_ok if i in er.code_of and er.first[er.code_of[i]] >= 0]
+    if not mine:
+        return None
+    c = np.array([er.code_of[i] for i in mine], dtype=np.int64)
+    sent = np.array([run.records[i].sent_ns for i in mine], dtype=np.int64)
+    ended = np.array([_ended(run.records[i]) for i in mine], dtype=bool)
+    gaps = er.gaps[np.isin(er.gap_req, c)]
+    return Latencies("engine", len(sent_ok), er.first[c] - sent, (er.last[c] - sent)[ended], gaps,
+                     int(er.tokens[c].sum()), int(er.first[c].min()), int(er.last[c].max()))
+
+
+def _ended(r) -> bool:
+    return not r.cancelled and r.error is None and r.finish_reason in ENDED
+
+
+@dataclass
+class Unit:
+    """What one set of checks judges: a user, or a mix tier's unbound users pooled."""
+
+    label: str  # the checks' user field: the user, or "<tier> tier"
+    users: list[str]
+    judged: bool  # False: figures for information, ``why`` says why
+    why: str = ""
+    note: str = ""  # said in every check of the unit
+
+
+def _units(run: RunData, base: PhaseRecord, p: PhaseRecord, binding: Binding, rows: set) -> list[Unit]:
+    """The units judged in ``p`` against ``base``."""
+    users = [u for u in base.users if (base.index, u) in rows and (p.index, u) in rows]
+    if p.kind != "mix":
+        # the isolation and kv-pressure scenarios' user: out of reach of its limit by design
+        out = []
+        for u in users:
+            note = ""
+            if binding.known and binding.bound(u):
+                note = (f"its limit bound in the phase ({binding.refused[u]} refuse events): judged all the same, "
+                        "the scenario keeps it out of its limit's reach")
+            out.append(Unit(u, [u], True, note=note))
+        return out
+    tiers: dict[str, list[str]] = {}
+    for u in users:
+        tiers.setdefault(p.users[u].tier or u, []).append(u)
+    out = []
+    for tier, members in tiers.items():
+        label = f"{tier} tier" if p.users[members[0]].tier else tier
+        isolated = any(p.users[u].get("isolated") for u in members)
+        if isolated:
+            bound = [u for u in members if binding.known and binding.bound(u)]
+            note = "a tier marked isolated: judged whatever its binding"
+            if bound:
+                note += f" ({len(bound)} of its users were refused charges: {_names(bound)})"
+            out.append(Unit(label, members, True, note=note))
+        elif not binding.known:
+            out.append(Unit(label, members, False, why=binding.why))
+        else:
+            unbound = [u for u in members if not binding.bound(u)]
+            if not unbound:
+                continue  # every user's limit bound: nothing of the tier to judge
+            note = f"{len(unbound)} unbound of {len(members)} users (no refuse event in the phase)"
+            if len(unbound) < len(members):
+                note += f"; bound, not judged: {_names([u for u in members if binding.bound(u)])}"
+            out.append(Unit(label, unbound, True, note=note))
+    return out
+
+
+def _count(items: list, what: str) -> str:
+    return f"{len(items)} {what}" + ("" if len(items) == 1 else "s")
+
+
+def _names(users: list[str], most: int = 4) -> str:
+    return ", ".join(users[:most]) + (f" and {len(users) - most} more" if len(users) > most else "")
+
+
+def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    """Each phase with a baseline: every unit's latencies and rate against the baseline's."""
+    out: list[Check] = []
+    rows = set(s.rows)
+    records_of: dict[tuple[int, str], list[int]] = {}
+    phase_of = {q.key: q.index for q in run.phases}
+    for i, r in enumerate(run.records):
+        k = phase_of.get((r.scenario, r.phase, r.engine))
+        if k is not None:
+            records_of.setdefault((k, s.user_of(i, r.user)), []).append(i)
+    cache: dict[str, _EngineRequests] = {}
+    for base in (q for q in run.phases if q.role == "baseline"):
+        shared = [q for q in run.phases if q.scenario == base.scenario
+                  and (q.role == "shared" or (q.kind == "mix" and q.role == "measure"))]
+        same_engine = [q for q in shared if q.engine == base.engine]
+        for p in same_engine or shared[:1]:
+            binding = phase_binding(run, p)
+            units = _units(run, base, p, binding, rows)
+            if p.kind == "mix":
+                out.append(_binding_check(p, binding, units))
+            for unit in units:
+                on = [i for u in unit.users for i in records_of.get((p.index, u), [])]
+                off = [i for u in unit.users for i in records_of.get((base.index, u), [])]
+                out.extend(_unit_checks(run, cache, p, base, unit, on, off, th))
+    return out
+
+
+def _binding_check(p: PhaseRecord, binding: Binding, units: list[Unit]) -> Check:
+    """For information: whose limit bound in a mix phase, and what isolation judges there."""
+    judged = [u for u in units if u.judged]
+    if not binding.known:
+        text = binding.why + "; judged only the tiers marked isolated" + (
+            f" ({', '.join(u.label for u in judged)})" if judged else " (none)")
+    else:
+        bound = sorted(u for u, n in binding.refused.items() if n and u in p.users)
+        text = (f"{len(bound)} of {len(p.users)} users were refused a charge in the phase (bound: "
+                f"{_names(bound) if bound else 'none'}); isolation judges "
+                + (", ".join(f"{u.label} ({_count(u.users, 'user')})" for u in judged) if judged else "nobody"))
+    return Check("isolation-binding", p.scenario, p.phase, p.engine, None,
+                 sum(len(u.users) for u in judged), None, "vs", "users judged", None, text)
+
+
+def _unit_checks(run: RunData, cache: dict, p: PhaseRecord, base: PhaseRecord, unit: Unit, on: list[int],
+                 off: list[int], th: Thresholds) -> list[Check]:
+    sent_on = [i for i in on if run.records[i].sent_ns is not None]
+    sent_off = [i for i in off if run.records[i].sent_ns is not None]
+    eng_on = _engine_side(run, p.engine, cache, sent_on)
+    eng_off = _engine_side(run, base.engine, cache, sent_off)
+    lat_on, lat_off = _client_side(run.records, sent_on), _client_side(run.records, sent_off)
+    if lat_on is None or lat_off is None:
+        lat_on, lat_off = eng_on, eng_off
+    if lat_on is None or lat_off is None:
+        return []
+    engine_ttft = ""
+    if lat_on.side == "client" and eng_on is not None and eng_off is not None and len(eng_on.ttft_ns) \
+            and len(eng_off.ttft_ns):
+        engine_ttft = (f"; engine side (first emit - sent) p50 {np.percentile(eng_on.ttft_ns, 50) / 1e6:.1f} ms vs "
+                       f"{np.percentile(eng_off.ttft_ns, 50) / 1e6:.1f} ms")
+    ids = (p.scenario, p.phase, p.engine, unit.label)
+    who = unit.label
+    if unit.users != [unit.label]:
+        who += f", {_count(unit.users, 'user')} ({_names(unit.users)})"
+    head = (f"{who}: {lat_on.requests} requests vs {lat_off.requests} on the baseline {base.phase}@{base.engine} "
+            f"({lat_on.side} side)")
+    tail = "".join(f"; {x}" for x in (unit.note, "" if unit.judged else f"information only: {unit.why}") if x)
+    out = []
+    for stem, what, attr in _MEASURES:
+        factor, slack_ns = getattr(th, f"{attr}_factor"), getattr(th, f"{attr}_slack_ns")
+        x_all, b_all = lat_on.of(stem), lat_off.of(stem)
+        sx, sb = gap_stats(x_all), gap_stats(b_all)
+        if sx is None or sb is None:
+            continue
+        for q in QUANTILES:
+            x, b = getattr(sx, f"p{q}_ns"), getattr(sb, f"p{q}_ns")
+            allowed = factor * b + slack_ns
+            need = MIN_SAMPLES[q]
+            enough = sx.count >= need and sb.count >= need
+            text = (f"{head}: p{q} {what} {x / 1e6:.1f} ms vs {b / 1e6:.1f} ms, allowed {factor:g} x + "
+                    f"{slack_ns / 1e6:g} ms = {allowed / 1e6:.1f} ms ({sx.count} vs {sb.count} samples; "
+                    f"max {sx.max_ns / 1e6:.1f} vs {sb.max_ns / 1e6:.1f} ms)")
+            if stem == "ttft" and q == 50:
+                text += engine_ttft
+            text += tail
+            if not enough:
+                text += (f"; too few samples for a p{q} ({need} needed on both phases, one beyond the quantile): "
+                         + ("information only, judged at p50" if unit.judged else "judged at p50 at most"))
+            passed = (x <= allowed) if (unit.judged and enough) else None
+            out.append(Check(check_name(stem, q), *ids, round(x / 1e6, 3), round(allowed / 1e6, 3), "<=", "ms",
+                             passed, text))
+    rx, rb = lat_on.rate_tps, lat_off.rate_tps
+    if rx is not None and rb:
+        ratio = rx / rb
+        text = (f"{head}: {lat_on.tokens} tokens at {rx:.1f} tok/s vs {lat_off.tokens} at {rb:.1f} tok/s "
+                f"(tokens over first to last token)")
+        if p.kind == "mix":
+            text += "; where arrivals are open loop they set this rate, and it falls only when answers come late"
+        out.append(Check("isolation-rate", *ids, round(ratio, 4), th.isolation_min, ">=", "x baseline",
+                         (ratio >= th.isolation_min) if unit.judged else None, text + tail))
+    return out

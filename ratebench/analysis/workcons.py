@@ -1,0 +1,172 @@
+"""Work conservation (promise 4): throttled users never hold a batch place, a resident slot or KV
+that a user with budget is waiting for. Figures from the engine's per-step records (version 2
+of the event file, :data:`ratebench.events.STEP_DTYPE`).
+
+Over the steps of a phase (their clock within the phase's start and end), a step **violates**
+when a request of a user with budget waits (``waiting_ready > 0``), the step left token budget
+unused (``tokens < max_num_batched_tokens``) and an active place unused (``reqs <
+max_num_active_seqs``), and either a throttled resident could have given way (``throttled >
+0``: its slot, its KV) or there was plainly room (``resident < max_num_seqs and kv_free >=
+num_kv_blocks // 2``: a free slot and half the KV cache free). With nothing throttled and the
+KV cache short the limiter is not to blame; with every place used the waiting request could not
+have run in this step whoever held the slots. Violating steps are counted as
+
+* **place**: every violating step; and of them
+* **slot**: ``throttled > 0 and resident >= max_num_seqs``: every resident slot was taken, one
+  or more by a throttled request (the collapse of a crowd: parked requests hold the slots and
+  the places idle).
+
+The step in which a budget flips is excepted: the records are written after the step's
+refunds, which can make a user ready after its queued request was skipped, so a single
+violating step between non-violating ones proves nothing. The figure judged is the longest
+run of consecutive violating steps (a run's length in time: from its first step's clock to
+the clock of the engine's next step, or to its own last step's when none followed).
+
+``max_num_seqs``, ``max_num_active_seqs``, ``max_num_batched_tokens`` and ``num_kv_blocks``
+come from the event file's header. An engine with the limiter off (``waiting_ready`` = all
+waiting, nothing throttled) gets the same figures, as the reference.
+
+Figures only; :mod:`ratebench.analysis.checks` applies the threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ratebench.analysis.load import RunData
+from ratebench.analysis.segments import time_order
+
+NOT_RECORDED = "no step records (engine event file version 1 or recorder without steps)"
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """The engine's capacities, from its event file's header."""
+
+    max_num_seqs: int  # resident slots
+    max_num_active_seqs: int  # places: requests given tokens in one step
+    max_num_batched_tokens: int  # tokens in one step
+    num_kv_blocks: int  # KV cache blocks in all
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> StepLimits | str:
+        """The limits, or why they cannot be had (str)."""
+        missing = [k for k in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks") if meta.get(k) is None]
+        if missing:
+            return f"the event file's header lacks {', '.join(missing)}"
+        try:
+            seqs = int(meta["max_num_seqs"])
+            active = meta.get("max_num_active_seqs")
+            return cls(seqs, seqs if active is None else int(active), int(meta["max_num_batched_tokens"]),
+                       int(meta["num_kv_blocks"]))
+        except (TypeError, ValueError) as exc:
+            return f"the event file's header has unreadable capacities ({exc})"
+
+
+def violations(steps: np.ndarray, lim: StepLimits) -> tuple[np.ndarray, np.ndarray]:
+    """(slot, place): per step record, whether it violates work conservation in each way."""
+    def col(name: str) -> np.ndarray:
+        return steps[name].astype(np.int64)
+
+    reqs, tokens, resident, throttled = col("reqs"), col("tokens"), col("resident"), col("throttled")
+    ready, kv_free = col("waiting_ready"), col("kv_free")
+    owed = (ready > 0) & (tokens < lim.max_num_batched_tokens) & (reqs < lim.max_num_active_seqs)
+    room = (resident < lim.max_num_seqs) & (kv_free >= lim.num_kv_blocks // 2)
+    place = owed & ((throttled > 0) | room)
+    slot = place & (throttled > 0) & (resident >= lim.max_num_seqs)
+    return slot, place
+
+
+def runs_of(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, lengths) of the runs of consecutive True in ``mask``."""
+    m = np.asarray(mask, dtype=np.int8)
+    edges = np.diff(np.concatenate(([0], m, [0])))
+    starts = np.flatnonzero(edges == 1)
+    return starts, np.flatnonzero(edges == -1) - starts
+
+
+@dataclass
+class WorkConservation:
+    """One phase on one engine."""
+
+    scenario: str
+    phase: str
+    engine: str
+    limiter_on: bool
+    not_judged: str | None = None  # why there are no figures (no step records, no capacities)
+    steps: int = 0  # step records within the phase
+    violating: int = 0
+    slot: int = 0  # steps violating as "slot" (a step may be both)
+    place: int = 0  # steps violating as "place"
+    runs: int = 0  # runs of consecutive violating steps
+    long_runs: int = 0  # of them, runs of 2 or more steps
+    longest_run_steps: int = 0
+    longest_run_ns: int = 0
+    longest_run_start_ns: int | None = None  # from the phase's start
+    limits: StepLimits | None = None
+
+    @property
+    def violating_pct(self) -> float:
+        return 100.0 * self.violating / self.steps if self.steps else 0.0
+
+
+def phase_figures(steps: np.ndarray, lim: StepLimits, start_ns: int, next_t_ns: int | None = None) -> dict:
+    """The figures of :class:`WorkConservation` for the time-sorted ``steps`` of one phase (which
+    starts at ``start_ns``); ``next_t_ns``: the clock of the engine's step after them, if any."""
+    slot, place = violations(steps, lim)
+    bad = slot | place
+    starts, lengths = runs_of(bad)
+    out = dict(steps=len(steps), violating=int(bad.sum()), slot=int(slot.sum()), place=int(place.sum()),
+               runs=len(starts), long_runs=int((lengths >= 2).sum()))
+    if len(starts):
+        t = steps["t_ns"].astype(np.int64)
+        ends = starts + lengths  # the step after each run
+        after = np.where(ends < len(t), t[np.minimum(ends, len(t) - 1)], t[ends - 1])
+        if next_t_ns is not None and ends[-1] == len(t):
+            after[-1] = next_t_ns
+        dur = after - t[starts]
+        i = int(np.lexsort((-dur, -lengths))[0])  # the most steps; of those, the longest in time
+        out.update(longest_run_steps=int(lengths[i]), longest_run_ns=int(dur[i]),
+                   longest_run_start_ns=int(t[starts[i]] - start_ns))
+    return out
+
+
+def work_conservation(run: RunData) -> list[WorkConservation]:
+    """Per phase on each engine with an event file: its work-conservation figures (or why none)."""
+    by_engine: dict[str, tuple[np.ndarray, StepLimits | str]] = {}
+    out = []
+    for p in run.phases:
+        trace = run.traces.get(p.engine)
+        if trace is None:
+            continue
+        eng = run.engines[p.engine]
+        if p.engine not in by_engine:
+            steps = trace.events.steps
+            order = time_order(steps["t_ns"]) if len(steps) else None
+            by_engine[p.engine] = (steps if order is None else steps[order], StepLimits.from_meta(trace.events.meta))
+        steps, lim = by_engine[p.engine]
+        wc = WorkConservation(p.scenario, p.phase, p.engine, limiter_on=eng.feature)
+        out.append(wc)
+        if len(steps) == 0:
+            wc.not_judged = NOT_RECORDED
+            continue
+        if isinstance(lim, str):
+            wc.not_judged = lim
+            continue
+        wc.limits = lim
+        t = steps["t_ns"]
+        lo, hi = np.searchsorted(t, p.start_ns, "left"), np.searchsorted(t, p.end_ns, "right")
+        if hi <= lo:
+            wc.not_judged = (f"no step records within the phase (the engine's {len(steps)} step records "
+                             f"lie outside it)")
+            continue
+        next_t = int(t[hi]) if hi < len(t) else None
+        for k, v in phase_figures(steps[lo:hi], lim, p.start_ns, next_t).items():
+            setattr(wc, k, v)
+    return out
+
+
+__all__ = ["NOT_RECORDED", "StepLimits", "WorkConservation", "phase_figures", "runs_of",
+           "violations", "work_conservation"]
