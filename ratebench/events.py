@@ -33,7 +33,7 @@ environment variable ``VLLM_OUTPUT_RATE_EVENTS_FILE`` names a file:
     ``t_ns`` is the step's clock.
 
   - step blocks (version 2): ``b"RBEVSTP1"``, ``u32`` 0 (reserved), ``u32`` R, then R
-    records of 40 bytes each, one per scheduler step, numpy dtype :data:`STEP_DTYPE`::
+    records of 44 bytes each, one per scheduler step, numpy dtype :data:`STEP_DTYPE`::
 
       t_ns          int64   the step's clock: time.monotonic_ns() at the start of schedule()
       reqs          uint32  requests given tokens this step
@@ -47,6 +47,9 @@ environment variable ``VLLM_OUTPUT_RATE_EVENTS_FILE`` names a file:
       yielded       uint32  throttled residents preempted this step for a request of a
                             user with budget
       kv_free       uint32  free KV blocks after the step
+      ready_blocks  uint32  KV blocks the smallest waiting request of a user with budget
+                            needs for all its tokens (no prefix-cache hit counted, plus
+                            the cache's admission watermark); 0 when none waits
 
 A block of either type is written whole with one ``write``; a reader stops at a
 truncated last block and says so (``truncated``).
@@ -109,9 +112,11 @@ STEP_DTYPE = np.dtype(
         ("waiting_ready", "<u4"),  # of them, those whose user could be charged at t_ns (limiter off: all)
         ("yielded", "<u4"),  # throttled residents preempted this step for a request of a user with budget
         ("kv_free", "<u4"),  # free KV blocks after the step
+        # KV blocks the smallest waiting request of a user with budget needs (0: none waits)
+        ("ready_blocks", "<u4"),
     ]
 )
-assert STEP_DTYPE.itemsize == 40
+assert STEP_DTYPE.itemsize == 44
 
 _HEADER = struct.Struct("<8sII")  # magic, version or string bytes, length or records
 

@@ -37,20 +37,20 @@ LIMITS = StepLimits(max_num_seqs=4, max_num_active_seqs=2, max_num_batched_token
 STEP_NS = 5_000_000
 
 # a step that conserves work: both places used, nothing waiting
-OK = dict(reqs=2, tokens=2, resident=4, throttled=2, waiting=0, waiting_ready=0, yielded=0, kv_free=10)
+OK = dict(reqs=2, tokens=2, resident=4, throttled=2, waiting=0, waiting_ready=0, yielded=0, kv_free=10, ready_blocks=20)
 # slot: every slot resident, two of them throttled, a place idle, a ready request waiting
-SLOT = dict(reqs=1, tokens=1, resident=4, throttled=2, waiting=1, waiting_ready=1, yielded=0, kv_free=10)
+SLOT = dict(reqs=1, tokens=1, resident=4, throttled=2, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
 # place: one place idle while a throttled resident could give way to a ready request
-PLACE = dict(reqs=1, tokens=1, resident=3, throttled=1, waiting=1, waiting_ready=1, yielded=0, kv_free=10)
+PLACE = dict(reqs=1, tokens=1, resident=3, throttled=1, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
 # a place idle, a ready request waiting, nothing throttled and the KV cache short: not the limiter's doing
-KV_SHORT = dict(reqs=1, tokens=1, resident=3, throttled=0, waiting=1, waiting_ready=1, yielded=0, kv_free=10)
+KV_SHORT = dict(reqs=1, tokens=1, resident=3, throttled=0, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
 
 
 def steps_of(kinds: list[dict], t0_ns: int, step_ns: int = STEP_NS) -> np.ndarray:
     arr = np.zeros(len(kinds), dtype=STEP_DTYPE)
     for i, k in enumerate(kinds):
         arr[i] = (t0_ns + i * step_ns, k["reqs"], k["tokens"], k["resident"], k["throttled"], k["waiting"],
-                  k["waiting_ready"], k["yielded"], k["kv_free"])
+                  k["waiting_ready"], k["yielded"], k["kv_free"], k["ready_blocks"])
     return arr
 
 
@@ -115,24 +115,24 @@ def test_version_2_with_interleaved_blocks_reads_back_identically(tmp_path):
     assert ev.of_kind(KIND_REFUSE)["t_ns"].tolist() == [recs[5]["t_ns"]]
 
 
-def test_a_step_record_is_40_little_endian_bytes_in_its_documented_order(tmp_path):
-    """Byte for byte what the engine's recorder writes: struct '<qIIIIIIII' after the 16-byte header."""
+def test_a_step_record_is_44_little_endian_bytes_in_its_documented_order(tmp_path):
+    """Byte for byte what the engine's recorder writes: struct '<qIIIIIIIII' after the 16-byte header."""
     path = tmp_path / "v2.rbev"
     meta = json.dumps({"pid": 7}).encode()
-    body = struct.pack("<qIIIIIIII", 123456789, 1, 2, 3, 4, 5, 6, 7, 8)
+    body = struct.pack("<qIIIIIIIII", 123456789, 1, 2, 3, 4, 5, 6, 7, 8, 9)
     path.write_bytes(struct.pack("<8sII", b"RBEVFILE", 2, len(meta)) + meta
                      + struct.pack("<8sII", b"RBEVSTP1", 0, 1) + body)
     ev = read_engine_events(path)
-    assert STEP_DTYPE.itemsize == 40 and len(ev.records) == 0
-    assert ev.steps.tolist() == [(123456789, 1, 2, 3, 4, 5, 6, 7, 8)]
+    assert STEP_DTYPE.itemsize == 44 and len(ev.records) == 0
+    assert ev.steps.tolist() == [(123456789, 1, 2, 3, 4, 5, 6, 7, 8, 9)]
     assert list(STEP_DTYPE.names) == ["t_ns", "reqs", "tokens", "resident", "throttled", "waiting", "waiting_ready",
-                                      "yielded", "kv_free"]
+                                      "yielded", "kv_free", "ready_blocks"]
     with EventFileWriter(tmp_path / "w.rbev", {"pid": 7}) as w:
         w.write_steps(ev.steps)
     assert (tmp_path / "w.rbev").read_bytes() == path.read_bytes()
 
 
-@pytest.mark.parametrize("cut", [7, 40, 85])  # into the last step block's records (96 bytes in all), its header
+@pytest.mark.parametrize("cut", [7, 40, 85])  # into the last step block's records (104 bytes in all), its header
 def test_a_truncated_last_step_block_is_dropped_and_said(tmp_path, cut):
     path = tmp_path / "v2.rbev"
     steps = steps_of([OK] * 6, 10**12)
@@ -168,8 +168,10 @@ def test_each_condition_alone():
         "places full": (dict(SLOT, reqs=2, tokens=2), False, False),
         "place": (PLACE, False, True),
         "kv short": (KV_SHORT, False, False),
-        # a place idle with nothing throttled, a free slot and half the KV free: plainly room
-        "room": (dict(KV_SHORT, kv_free=50), False, True),
+        # a place idle with nothing throttled, a free slot and KV for the smallest ready request: room
+        "room": (dict(KV_SHORT, kv_free=20), False, True),
+        # ... but one block short of it: the KV, not the limiter
+        "one block short": (dict(KV_SHORT, kv_free=19), False, False),
         # the whole token budget used: nothing more could be scheduled
         "tokens full": (dict(SLOT, tokens=64), False, False),
         # nothing ready waits: the throttled may keep their slots
@@ -301,7 +303,7 @@ def test_the_limiter_off_engine_s_figures_are_information(tmp_path):
                        [SimRequest(f"rb-5e1f0001-{base + i}", "user-a", i, 30) for i in range(2)])
               for base, name, role in ((0, "feature-off", "baseline"), (2, "feature-on", "shared"))]
     run_dir = write_run_folder(tmp_path / "run", [on, off], phases)
-    room = dict(KV_SHORT, kv_free=80)  # an active place idle with plainly room: a violation on either engine
+    room = dict(KV_SHORT, kv_free=80, ready_blocks=5)  # an active place idle with plainly room: a violation on either engine
     _add_steps(run_dir, "feature-off", [OK] + [room] * 4 + [OK], phase_index=0)
     _add_steps(run_dir, "feature-on", [OK] * 6, phase_index=1)
     checks = {c.engine: c for c in _work_checks(run_dir)}

@@ -34,6 +34,7 @@ from mutants.broken import (
     RunningLoopUpstreamVictim,
     RollingWindow1s,
     ThrottledCountActive,
+    ThrottledKeepSlots,
 )
 from ratebench.analysis import load_run
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
@@ -179,8 +180,10 @@ def crowd() -> Workload:
     """More throttled users than resident slots (cpu-tiny's mix in small): ten users at 5 tok/s with
     two streams each fill all 8 slots and are parked most of the time; four users whose limits never
     bind send short requests one after the other, alone (baseline) and then beside the crowd (shared).
-    Throttled residents must give their slots to them (today's patch kept them: the four users
-    queued until the crowd's answers ended)."""
+    Throttled residents must give their slots to them (the patch before work conservation kept them:
+    the four users queued until the crowd's answers ended). The crowd's streams outnumber the slots,
+    so the engine's slots, not only their budgets, pace them: their streams' turns are judged
+    (stream-wait, stream-fairness), not their even spacing."""
     free = [f"free-{i}" for i in range(10)]
     pro = [f"pro-{i}" for i in range(4)]
     limits = {**{u: 5 for u in free}, **{u: 100_000 for u in pro}}
@@ -191,7 +194,7 @@ def crowd() -> Workload:
     return Workload(default_tps=100, user_tps=limits, phases=[
         Phase("baseline", pro_streams(0.0), role="baseline", scenario="crowd", kind="crowd"),
         Phase("shared", [Stream(u, 16) for u in free for _ in range(2)] + pro_streams(0.3),
-              backlogged=set(free), role="shared", scenario="crowd", kind="crowd"),
+              role="shared", scenario="crowd", kind="crowd", params={"stream_wait": free}),
     ], scheduler_kw=dict(max_num_seqs=8))
 
 
@@ -389,8 +392,9 @@ def test_charging_every_prefill_chunk_is_named_by_a_charge_check(judged, async_s
 def test_a_throttled_request_counted_as_active_starves_the_neighbour(judged, async_scheduling):
     _, verdict = judged("isolation", ThrottledCountActive, async_scheduling=async_scheduling)
     # ... and user-b's later streams wait for a place before their first token: isolation-ttft names that
-    assert_rejected_by(verdict, {("isolation-rate", "shared", "user-b"), ("isolation-ttft", "shared", "user-b")},
-                       only=ISOLATION)
+    assert_rejected_by(verdict, {("isolation-rate", "shared", "user-b"), ("isolation-ttft", "shared", "user-b"),
+                                 ("work-conservation", "shared", None)},
+                       only=ISOLATION | {"work-conservation"})
     # user-a's three throttled streams hold three of the four active places: user-b runs one stream at a time
     assert check(verdict, "isolation-rate", "shared", "user-b").figure < 0.5
     assert_correct_passes(judged, "isolation", async_scheduling)
@@ -605,3 +609,17 @@ def test_a_stream_recomputing_its_prompt_in_chunks_does_not_idle_its_users_budge
     _, shipped = judged("kv_recompute", async_scheduling=async_scheduling)
     for name in SPACING:
         assert check(shipped, name, "shared", "user-a").passed, shipped.summary()
+
+
+@SYNC_AND_ASYNC
+def test_throttled_residents_keeping_their_slots_fail_work_conservation(judged, async_scheduling):
+    """The crowd on the patch before work conservation: parked requests of throttled users hold every
+    resident slot, the places idle, and the users with budget queue behind them (one pro request
+    waited 8.7 s for its first token against 7.5 ms alone). work-conservation names the phase; the
+    crowd's own streams lose their turns too (stream-wait)."""
+    _, verdict = judged("crowd", ThrottledKeepSlots, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("work-conservation", "shared", None)},
+                       only={"work-conservation", "stream-wait", "stream-fairness"} | ISOLATION)
+    assert check(verdict, "work-conservation", "shared", None).figure > 100
+    assert check(verdict, "work-conservation", "baseline", None).passed
+    assert_correct_passes(judged, "crowd", async_scheduling)

@@ -359,7 +359,7 @@ def _work_conservation(run: RunData, th: Thresholds) -> list[Check]:
         text = (f"{wc.violating} of {wc.steps} steps ({wc.violating_pct:.2f} %) left an active place idle while "
                 f"a request of a user with budget waited and a throttled resident could have given way, or there "
                 f"was room (fewer than {lim.max_num_active_seqs} requests given tokens, token budget left, and a "
-                f"throttled resident or a free slot with half of the {lim.num_kv_blocks} KV blocks free: "
+                f"throttled resident, or a free slot and free KV for the smallest ready request's tokens: "
                 f"{wc.place} place; of them {wc.slot} slot: all {lim.max_num_seqs} slots taken, one or more by a "
                 f"throttled request)")
         if wc.violating:

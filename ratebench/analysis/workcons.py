@@ -6,8 +6,9 @@ Over the steps of a phase (their clock within the phase's start and end), a step
 when a request of a user with budget waits (``waiting_ready > 0``), the step left token budget
 unused (``tokens < max_num_batched_tokens``) and an active place unused (``reqs <
 max_num_active_seqs``), and either a throttled resident could have given way (``throttled >
-0``: its slot, its KV) or there was plainly room (``resident < max_num_seqs and kv_free >=
-num_kv_blocks // 2``: a free slot and half the KV cache free). With nothing throttled and the
+0``: its slot, its KV) or there was plainly room (``resident < max_num_seqs and 0 < ready_blocks
+<= kv_free``: a free slot, and free KV for the whole of the smallest waiting request of a user with
+budget, prefix-cache hits not counted, the admission watermark added). With nothing throttled and the
 KV cache short the limiter is not to blame; with every place used the waiting request could not
 have run in this step whoever held the slots. Violating steps are counted as
 
@@ -71,9 +72,9 @@ def violations(steps: np.ndarray, lim: StepLimits) -> tuple[np.ndarray, np.ndarr
         return steps[name].astype(np.int64)
 
     reqs, tokens, resident, throttled = col("reqs"), col("tokens"), col("resident"), col("throttled")
-    ready, kv_free = col("waiting_ready"), col("kv_free")
+    ready, kv_free, ready_blocks = col("waiting_ready"), col("kv_free"), col("ready_blocks")
     owed = (ready > 0) & (tokens < lim.max_num_batched_tokens) & (reqs < lim.max_num_active_seqs)
-    room = (resident < lim.max_num_seqs) & (kv_free >= lim.num_kv_blocks // 2)
+    room = (resident < lim.max_num_seqs) & (ready_blocks > 0) & (ready_blocks <= kv_free)
     place = owed & ((throttled > 0) | room)
     slot = place & (throttled > 0) & (resident >= lim.max_num_seqs)
     return slot, place

@@ -149,13 +149,19 @@ class ThrottledCountActive(Mutant):
     The patched waiting loop admits while ``len(running) < max_num_running_reqs``
     and ``len(running) - throttled < max_num_active_reqs``; with
     ``max_num_running_reqs`` equal to the active cap the first test is
-    upstream's ``len(running) >= max_num_active_reqs`` and implies the second.
+    upstream's ``len(running) >= max_num_active_reqs`` and implies the second,
+    and no throttled resident gives its slot to a user with budget.
     """
 
     name = "throttled-count-active"
 
     def apply(self, scheduler) -> None:
         scheduler.max_num_running_reqs = scheduler.max_num_active_reqs
+        # ... and, as upstream, nobody gives a slot back (ThrottledKeepSlots)
+        victim = scheduler._output_rate_victim
+        scheduler._output_rate_victim = (
+            lambda request, benched=False, for_slot=False: None if for_slot else victim(request, benched)
+        )
 
 
 class NeverThrottle(Mutant):
