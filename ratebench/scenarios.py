@@ -752,8 +752,9 @@ def _mix_users(p: dict[str, Any], requests: list[TraceRequest]) -> dict[str, dic
 
 
 def mix(spec: ScenarioSpec) -> list[PhasePlan]:
-    """A seeded synthetic population (ratebench/mix.py) replayed like a trace; with ``baseline``, the
-    same requests again on the limiter-off engine of the same mode (limits raised)."""
+    """A seeded synthetic population (ratebench/mix.py) replayed like a trace, on the limiter-on engine
+    of every scheduling mode of the scenario; with ``baseline``, the same requests again on the
+    limiter-off engine of the first mode (limits raised), the baseline of every mode's phase."""
     p = spec.params
     requests = mix_requests(p)
     mode = spec.scheduling[0]
@@ -765,8 +766,8 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
                             params={"trace_duration_s": max(r.at_s for r in requests)})
         return run
 
-    plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, mode), phase_of("mix", "measure"),
-                       lambda limits: _trace_estimate(requests, limits))]
+    plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, m), phase_of("mix", "measure"),
+                       lambda limits: _trace_estimate(requests, limits)) for m in spec.scheduling]
     if p["baseline"]:
         plans.append(PhasePlan(spec.name, "mix-baseline", engine_name(ROLE_FEATURE_OFF, mode),
                                phase_of("mix-baseline", "baseline"), lambda limits: _trace_estimate(requests, limits)))

@@ -18,6 +18,7 @@ from ratebench.analysis.checks import build_checks
 from ratebench.analysis.load import RunData, RunFolderError, load_run
 from ratebench.analysis.partial import keep_completed_phases
 from ratebench.analysis.summary import Measure, summarize_run
+from ratebench.analysis.tierlatency import tier_latencies
 from ratebench.analysis.verdict import Thresholds, Verdict
 
 __all__ = ["EXIT_CHECK_FAILED", "EXIT_PARTIAL", "EXIT_PASSED", "EXIT_UNUSABLE", "RunFolderError", "VerifyResult",
@@ -115,6 +116,9 @@ def _analyse_run(run_dir: str | Path, th: Thresholds, partial: bool) -> VerifyRe
         warnings=run.warnings + summary.warnings, partial=state != "complete", missing_phases=missing,
     )
     stages["checks"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    verdict.tier_latency = tier_latencies(run, summary)
+    stages["tier latency"] = time.perf_counter() - t3
     return VerifyResult(verdict, run, stages)
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 from ratebench.events import EventFileWriter, read_client_records, read_engine_events, write_client_records
+from ratebench.profiles import ANONYMOUS_USER
 from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
 
 
@@ -43,6 +46,20 @@ def edit_scenarios(run_dir: Path, edit) -> None:
     path.write_text(json.dumps(phases))
 
 
+def rewrite_events(path: Path, edit) -> None:
+    """Rewrite an engine event file as a lying recorder would have written it: ``edit(records, strings)``
+    returns the records (RECORD_DTYPE) to keep, in any order; the header, strings and step records stay."""
+    ev = read_engine_events(path)
+    recs = edit(ev.records.copy(), ev.strings)
+    recs = recs[np.argsort(recs["t_ns"], kind="stable")]
+    with EventFileWriter(path, ev.meta, version=ev.version) as w:
+        for s in ev.strings:
+            w.intern(s)
+        if len(ev.steps):
+            w.write_steps(ev.steps)
+        w.write_block(recs)
+
+
 def cut_event_file(path: Path, keep_before_ns: int) -> None:
     """Rewrite an engine event file as a hard stop leaves it: the events (and step records) before
     ``keep_before_ns`` in complete blocks, the rest of the events in a last block cut short (the
@@ -58,3 +75,39 @@ def cut_event_file(path: Path, keep_before_ns: int) -> None:
         w.write_block(recs[recs["t_ns"] >= keep_before_ns])
     with open(path, "r+b") as f:
         f.truncate(Path(path).stat().st_size - 7)
+
+
+MIX_TIERS = (("low", 25, 20), ("high", 20, 200), ("burst", 10, 50))  # name, users, limit
+
+
+def mix_run_folder(run_dir: Path, *, kind: str = "mix", tiers: tuple = MIX_TIERS, baseline: bool = False) -> Path:
+    """One mix phase: 55 tier users (two 8-token requests each) and anonymous requests; ``baseline``: the
+    same requests again on the limiter-off engine (mix-baseline)."""
+    users = {f"{name}-{i:02d}": limit for name, n, limit in tiers for i in range(n)}
+    eng = SimEngine("patched-sync", default_tps=100, user_tps=dict(users))
+
+    def requests(first: int) -> list[SimRequest]:
+        reqs = []
+        for u in users:
+            for k in range(2):
+                reqs.append(SimRequest(f"rb-5e1f0001-{first + len(reqs)}", u, len(reqs), 8,
+                                       arrive_offset_ns=k * 50_000_000 + len(reqs) * 1_000_000))
+        for k in range(3):
+            reqs.append(SimRequest(f"rb-5e1f0001-{first + len(reqs)}", None, len(reqs), 8,
+                                   arrive_offset_ns=k * 30_000_000))
+        return reqs
+
+    info = {}
+    for u, limit in users.items():
+        info[u] = {"limit_tps": limit, "streams": 2, "backlogged": False}
+        if kind == "mix":
+            info[u]["tier"] = u.rsplit("-", 1)[0]
+    info[ANONYMOUS_USER] = {"limit_tps": 100, "streams": 3, "backlogged": False}
+    phases = [SimPhase(kind, kind, kind, "patched-sync", "measure", info, requests(0), params={"lateness_ms": 20})]
+    engines = [eng]
+    if baseline:
+        engines.append(SimEngine("feature-off-sync", feature=False, default_tps=None))
+        phases.append(SimPhase(kind, kind, f"{kind}-baseline", "feature-off-sync", "baseline",
+                               {u: {**v, "limit_tps": None} for u, v in info.items()}, requests(1000),
+                               params={"lateness_ms": 20}))
+    return write_run_folder(run_dir, engines, phases)

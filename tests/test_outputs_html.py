@@ -22,7 +22,7 @@ from matplotlib import image as mpimg
 from ratebench.outputs.html import OUTCOME_COLOURS, inline
 from ratebench.synth import standard_run
 from ratebench.verify import verify_run
-from synthetic_runs import one_phase_run
+from synthetic_runs import mix_run_folder, one_phase_run
 
 WIDTH, HEIGHT = 1280, 2000
 
@@ -35,13 +35,13 @@ def chromium() -> str:
     pytest.fail("no chromium on PATH: scripts/test.sh installs it (apt-get install chromium)")
 
 
-def screenshot(page: Path, out: Path) -> np.ndarray:
-    """The page as headless Chromium draws it at 1280x2000, RGB uint8."""
+def screenshot(page: Path, out: Path, height: int = HEIGHT) -> np.ndarray:
+    """The page as headless Chromium draws it at 1280 x ``height`` (2000), RGB uint8."""
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run(
             [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={profile}", f"--screenshot={out}", f"--window-size={WIDTH},{HEIGHT}",
+             f"--user-data-dir={profile}", f"--screenshot={out}", f"--window-size={WIDTH},{height}",
              page.resolve().as_uri()],
             capture_output=True, timeout=120, check=False)
     assert out.is_file() and out.stat().st_size > 0, "chromium wrote no screenshot"
@@ -94,8 +94,9 @@ def test_inline_markdown_becomes_escaped_html():
 
 
 def test_a_failing_report_reads_red_in_a_real_browser(failing_run, tmp_path):
-    img = screenshot(failing_run / "report.html", tmp_path / "fail.png")
-    assert img.shape == (HEIGHT, WIDTH, 3)
+    # two screens: the failures come first, and a long list of them pushes the tables' FAIL cells down
+    img = screenshot(failing_run / "report.html", tmp_path / "fail.png", height=2 * HEIGHT)
+    assert img.shape == (2 * HEIGHT, WIDTH, 3)
     red = colour_pixels(img, OUTCOME_COLOURS["FAIL"])
     banner = red[:150]
     assert banner.sum() > 0.5 * 60 * 1200  # the verdict banner, near the top
@@ -117,3 +118,36 @@ def test_a_passing_report_reads_green_in_a_real_browser(tmp_path):
     assert green[:150].sum() > 0.5 * 60 * 1200
     assert not colour_pixels(img[:150], OUTCOME_COLOURS["FAIL"]).any()  # (the plots draw the bound in red)
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 50
+
+
+def test_thresholds_read_in_milliseconds_on_the_page(failing_run):
+    page = (failing_run / "report.html").read_text()
+    para = next(p for p in re.findall(r"<p>(.*?)</p>", page) if p.startswith("Thresholds: "))
+    assert "<code>spacing_slack</code> = 5 ms" in para and "<code>isolation_ttft_slack</code> = 20 ms" in para
+    assert "_ns</code>" not in para and "000000" not in para
+
+
+def _header_bands(img: np.ndarray) -> int:
+    """Tables drawn: separate bands of rows holding table-header cells (their background, #eef1f5)."""
+    rows = np.flatnonzero(colour_pixels(img, "#eef1f5", tol=1).sum(axis=1) > 40)
+    return 0 if not len(rows) else 1 + int((np.diff(rows) > 1).sum())
+
+
+def test_a_mix_report_shows_its_tiers_and_their_latency_on_the_first_screen(tmp_path):
+    """55 users' overrides are one short cell and their rows fold into tiers: the run's tables, the users by
+    tier and the latency by tier (limiter on beside the baseline) all fit the first 2000 pixels."""
+    run = mix_run_folder(tmp_path / "run", baseline=True)
+    verify_run(run)
+    page = (run / "report.html").read_text()
+    assert "<td class=\"wrap\">55 users: 20 (25), 50 (10), 200 (20)</td>" in page or \
+        "<td>55 users: 20 (25), 50 (10), 200 (20)</td>" in page
+    latency = page[page.index("<h2>Latency by tier</h2>"):page.index("<h2>Users by scenario phase</h2>")]
+    assert latency.count("<tr>") == 1 + 8  # the header, each tier on the phase and on its baseline
+    assert re.search(r'<td>low</td><td class="num">25</td><td class="num">20</td><td class="num">50</td>'
+                     r'<td class="num">400</td><td class="num">[0-9.]+</td>'
+                     r'<td class="num">[0-9.]+/[0-9.]+/[0-9.]+</td>', latency)
+    img = screenshot(run / "report.html", tmp_path / "mix.png")
+    assert colour_pixels(img, OUTCOME_COLOURS["PASS"])[:150].sum() > 0.5 * 60 * 1200
+    # the run's two tables, the users by tier, the latency by tier, and the users table below them
+    assert _header_bands(img) >= 5
+

@@ -107,3 +107,32 @@ def test_verdict_and_failures_come_first_and_checks_are_one_row_per_kind(tmp_pat
     n_fail = sum(c.name == "bound-dispatch" and c.passed is False for c in verdict.checks)
     assert bound.split(" | ")[3] == str(n_fail) and n_fail > 0
     assert rows[0].split(" | ")[3] != "0"  # failing kinds first
+
+
+def test_thresholds_read_in_milliseconds_in_the_report_and_the_terminal(good):
+    from rich.console import Console
+
+    from ratebench.outputs.console import print_verdict
+
+    run, verdict = good
+    report = (run / "report.md").read_text()
+    line = next(x for x in report.splitlines() if x.startswith("Thresholds: "))
+    assert "`spacing_slack` = 5 ms" in line and "`isolation_e2e_slack` = 50 ms" in line
+    assert "`stream_wait_slack` = 300 ms" in line and "`burst` = 100 ms" in line and "`wake_max` = 10 ms" in line
+    assert "`emit_tolerance` = the longest engine step" in line and "`max_overhead` = report only" in line
+    assert "_ns`" not in line and "000000" not in line and "`delivery_min` = 0.97" in line
+    console = Console(width=180, record=True, color_system=None)
+    print_verdict(verdict, console)
+    text = " ".join(console.export_text().split())
+    assert "thresholds: delivery_min 0.97," in text and "spacing_slack 5 ms" in text and "_ns" not in text
+
+
+def test_threshold_items_give_each_duration_its_unit():
+    from ratebench.analysis.verdict import Thresholds
+    from ratebench.outputs.format import threshold_items
+
+    items = dict(threshold_items(Thresholds(spacing_slack_ns=2_500_000, emit_tolerance_ns=750_000,
+                                            stream_wait_slack_ns=12_000_000_000, max_overhead=0.05)))
+    assert items["spacing_slack"] == "2.5 ms" and items["emit_tolerance"] == "750 us"
+    assert items["stream_wait_slack"] == "12 s" and items["max_overhead"] == "0.05"
+    assert items["cancel_max_steps"] == "1" and not any(k.endswith(("_ns", "_ms")) for k in items)

@@ -22,7 +22,7 @@ CHECK_NAMES = (
     "reconciliation", "cancellation", "charge-parity", "stream-fairness", "isolation-rate", "isolation-ttft",
     "isolation-gap-p99", "isolation-ttft-p90", "isolation-ttft-p99", "isolation-e2e-p50", "isolation-e2e-p90",
     "isolation-e2e-p99", "isolation-gap-p50", "isolation-gap-p90", "isolation-binding", "overhead", "event-recording", "jain-fairness", "even-spacing-dispatch",
-    "even-spacing-emit", "identity", "wait-cpu", "wake-first-token", "wake-abort",
+    "even-spacing-emit", "identity", "wait-cpu", "wake-first-token", "wake-abort", "witness-order", "witness-emits",
 )
 
 

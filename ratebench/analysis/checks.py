@@ -13,15 +13,18 @@ from ratebench.analysis.pressure import SETTLE_NS, place_shares, stream_waits
 from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
+from ratebench.analysis.witness import WitnessResult
 from ratebench.analysis.workcons import work_conservation
 
 WHOLE = "*"
 
 
 def _bound_check(name: str, scen: str, phase: str, engine: str, user: str, b: BoundResult, what: str,
-                 informational: bool = False) -> Check:
+                 informational: bool = False, tolerance_text: str | None = None) -> Check:
     w = b.worst
     tol = f" + step {b.tolerance_ns / 1e6:.1f} ms" if b.tolerance_ns else ""
+    if tolerance_text is not None:
+        tol = tolerance_text
     if w is None:
         return Check(name, scen, phase, engine, user, None, 0, ">=", "tokens", None if informational else True,
                      f"no {what}")
@@ -50,9 +53,12 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             checks.append(_bound_check("bound-dispatch", *ids, row.bound_dispatch, "dispatch events"))
         if row.bound_emit is not None:
             checks.append(_bound_check("bound-emit", *ids, row.bound_emit, "emit events"))
+        # two witnesses: the client's times against the engine's events (analysis/witness.py)
+        witness = s.witness.get((p_index, user))
         if row.bound_client is not None:
-            checks.append(_bound_check("bound-client", *ids, row.bound_client, "client chunks (information only)",
-                                       informational=True))
+            checks.append(_bound_client(row.bound_client, witness, ids))
+        if witness is not None:
+            checks.extend(_witness(witness, th, ids))
         # 2. delivery, and even spacing (the lower side of the bound on every window)
         if row.backlogged and row.limit_tps:
             checks.append(_delivery(row, th, ids))
@@ -112,6 +118,63 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_pressure(run, th))
     checks.extend(_work_conservation(run, th))
     return checks
+
+
+def _bound_client(b: BoundResult, w: WitnessResult | None, ids) -> Check:
+    """The bound on the client's chunk times, its windows widened by the emit tolerance T and the spread of
+    the measured delivery latency (witness.py: every token of a client window was emitted in a window
+    Lmax - Lmin longer). Information only where no latency was measured (no engine events)."""
+    if w is None or w.client_tolerance_ns is None:
+        return _bound_check("bound-client", *ids, b, "client chunks (information only: no engine emit events "
+                            "to measure the delivery latency against)", informational=True)
+    tol = (f" + step {w.emit_tolerance_ns / 1e6:.1f} ms + delivery spread {w.spread_ns / 1e6:.1f} ms"
+           if b.tolerance_ns else "")
+    c = _bound_check("bound-client", *ids, b, "client chunks", tolerance_text=tol)
+    c.explanation += (f"; delivery latency (client arrival - engine emit) {w.latency_min_ns / 1e6:.2f}.."
+                      f"{w.latency_max_ns / 1e6:.2f} ms, p50 {w.latency_p50_ns / 1e6:.2f} ms over {w.tokens} tokens")
+    return c
+
+
+def _witness(w: WitnessResult, th: Thresholds, ids) -> list[Check]:
+    """witness-order: nothing reached the client before the engine says it made it (tokens against their
+    emits, the stream's end against the finish, the send against the request's first event), within the
+    clock's resolution; witness-emits: every token the client received has an emit event."""
+    out = []
+    worst = w.worst
+    clock_ms = th.witness_clock_ns / 1e6
+
+    def margin(e, text: str) -> str:
+        ms = e.early_ns / 1e6
+        return text.format(d=f"{ms:.3f} ms before" if ms > 0 else f"{-ms:.3f} ms after")
+
+    if worst is not None:
+        what, e = worst
+        parts = []
+        if w.worst_token is not None:
+            t = w.worst_token
+            parts.append(margin(t, f"tokens ({w.tokens} of {w.requests} requests): token {t.token} of {t.client_id} "
+                                   "reached the client {d} its emit event"))
+        if w.worst_end is not None:
+            parts.append(margin(w.worst_end, f"stream ends ({w.ends}): {w.worst_end.client_id}'s came {{d}} the "
+                                             "engine's finish event"))
+        if w.worst_sent is not None:
+            parts.append(margin(w.worst_sent, f"sends ({w.sent}): the engine's first event of "
+                                              f"{w.worst_sent.client_id} came {{d}} the client sent it"))
+        ms = e.early_ns / 1e6
+        ok = e.early_ns <= th.witness_clock_ns
+        head = (f"the client's times contradict the engine's event file by {ms:.3f} ms" if not ok else
+                f"the client's times agree with the engine's event file (closest {ms:+.3f} ms)")
+        out.append(Check("witness-order", *ids, round(ms, 6), clock_ms, "<=", "ms", ok,
+                         f"{head}, allowed {clock_ms:g} ms (the clock's resolution); worst of each: "
+                         + "; ".join(parts)))
+    if w.requests or w.unemitted_tokens:
+        bad = w.unemitted_tokens
+        text = (f"{bad} tokens in {w.unemitted_requests} request(s) reached the client with no emit event in the "
+                f"engine's file; most: {w.unemitted_example}" if bad else
+                f"every one of the {w.tokens} tokens the client received in {w.requests} request(s) has its emit "
+                "event")
+        out.append(Check("witness-emits", *ids, bad, 0, "<=", "tokens", not bad, text))
+    return out
 
 
 def _engines_as_asked(run: RunData) -> list[Check]:

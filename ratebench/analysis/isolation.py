@@ -270,7 +270,9 @@ def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]
         shared = [q for q in run.phases if q.scenario == base.scenario
                   and (q.role == "shared" or (q.kind == "mix" and q.role == "measure"))]
         same_engine = [q for q in shared if q.engine == base.engine]
-        for p in same_engine or shared[:1]:
+        # the phases on the baseline's engine, else every one of them (a mix on each scheduling
+        # mode's limiter-on engine against the one limiter-off baseline)
+        for p in same_engine or shared:
             binding = phase_binding(run, p)
             units = _units(run, base, p, binding, rows)
             if p.kind == "mix":

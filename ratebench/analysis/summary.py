@@ -32,6 +32,7 @@ from ratebench.analysis.series import request_streams
 from ratebench.analysis.spacing import check_spacing
 from ratebench.analysis.steps import EngineStep, engine_step, step_latencies, step_periods
 from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
+from ratebench.analysis.witness import WitnessResult, witness_figures
 from ratebench.analysis.bound import BURST_NS
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, UserPhaseSummary
 from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
@@ -64,6 +65,8 @@ class RunSummary:
     identity: dict[tuple[int, str], IdentityTally] = field(default_factory=dict)
     steps_per_phase: dict[int, int] = field(default_factory=dict)  # engine steps that sampled, per phase
     waiting: list[WaitingSummary] = field(default_factory=list)
+    # (phase index, user) -> the client's records held against the engine's events (analysis/witness.py)
+    witness: dict[tuple[int, str], WitnessResult] = field(default_factory=dict)
 
     def user_of(self, record_index: int, sent_user: str | None) -> str:
         return self.engine_user_of_record.get(record_index, client_user(sent_user))
@@ -100,7 +103,11 @@ def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
         _summarize_engine(run, name, summary, measure, phase_of)
         summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    _summarize_clients(run, summary, measure, phase_of)
+    chunks = _ClientChunks(run.records)
+    t1 = time.perf_counter()
+    summary.witness = _witness(run, summary, measure, phase_of, chunks)
+    summary.stage_s["witness"] = time.perf_counter() - t1
+    _summarize_clients(run, summary, measure, phase_of, chunks)
     summary.overheads = overhead_summaries(run, phase_of)
     summary.waiting = waiting_summaries(run, summary.rows, summary.request_checks, summary.steps_per_phase)
     summary.warnings.extend(busy_machine_warnings(summary.overheads))
@@ -500,7 +507,29 @@ def _add_request_check(summary: RunSummary, phase_of: dict, i: int, r, chk: Requ
         summary.request_checks.setdefault((p_index, summary.user_of(i, r.user)), []).append(chk)
 
 
-def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict) -> None:
+def _witness(run: RunData, summary: RunSummary, measure: Measure, phase_of: dict, chunks: _ClientChunks) -> dict:
+    """The client's records against the engine's events, per row (``witness.witness_figures``), with each
+    row's bound-emit tolerance (the one its bound-client windows widen further)."""
+    row_of_record = {}
+    for i, r in enumerate(run.records):
+        p_index = phase_of.get((r.scenario, r.phase, r.engine))
+        if p_index is not None and r.engine in run.traces:
+            row_of_record[i] = (p_index, summary.user_of(i, r.user))
+    tolerance = {}
+    for key in set(row_of_record.values()):
+        row = summary.rows.get(key)
+        step = summary.engine_steps.get(run.phases[key[0]].engine)
+        if row is not None and row.bound_emit is not None:
+            tolerance[key] = row.bound_emit.tolerance_ns
+        elif measure.emit_tolerance_ns is not None:
+            tolerance[key] = measure.emit_tolerance_ns
+        elif step is not None:
+            tolerance[key] = step.longest_ns
+    return witness_figures(run, row_of_record, chunks, tolerance)
+
+
+def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict,
+                       chunks: _ClientChunks | None = None) -> None:
     by_group: dict[tuple[int, str], list] = {}
     for i, r in enumerate(run.records):
         p_index = phase_of.get((r.scenario, r.phase, r.engine))
@@ -509,7 +538,7 @@ def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of:
                                     "not in scenarios.json")
             continue
         by_group.setdefault((p_index, summary.user_of(i, r.user)), []).append(i)
-    chunks = _ClientChunks(run.records)
+    chunks = _ClientChunks(run.records) if chunks is None else chunks
     for (p_index, user), indices in by_group.items():
         row = _row(run, summary, p_index, user)
         row.requests = len(indices)
@@ -541,7 +570,11 @@ def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of:
         row.client_rate = rate_figures(t, c, row.limit_tps, th.burst_ns)
         if row.limit_tps:
             keep = slice(None) if c is None else c > 0
-            row.bound_client = bound_result(t[keep], None if c is None else c[keep], row.limit_tps, th.burst_ns, 0)
+            # windows widened by the emit tolerance and the delivery latency's spread (witness.py)
+            w = summary.witness.get((p_index, user))
+            tol = w.client_tolerance_ns if w is not None and w.client_tolerance_ns is not None else 0
+            row.bound_client = bound_result(t[keep], None if c is None else c[keep], row.limit_tps, th.burst_ns,
+                                            tol)
         row.gaps_client_user = gap_stats(gaps_merged(t))
 
 

@@ -61,6 +61,10 @@ class Thresholds:
     # throttled request, while a request of a user with budget waited (1: the step in which a budget flips)
     work_conservation_max_run_steps: int = 1
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
+    # two witnesses (analysis/witness.py): how far the client's time may precede the engine's for the same
+    # token, end of stream or send. One clock (CLOCK_MONOTONIC, 1 ns resolution through the vDSO, one
+    # timekeeper for all CPUs): this is reading it, not delivery, which takes hundreds of microseconds
+    witness_clock_ns: int = 5_000
     burst_ns: int = BURST_NS
 
 
@@ -181,6 +185,8 @@ class Verdict:
     # verify-bound --partial on a run that did not complete: only its completed phases were checked
     partial: bool = False
     missing_phases: list[MissingPhase] = field(default_factory=list)  # phases not checked, and why
+    # analysis.tierlatency.TierLatency per tier of each many-user phase (a mix), beside its baseline
+    tier_latency: list = field(default_factory=list)
 
     @property
     def failures(self) -> list[Check]:

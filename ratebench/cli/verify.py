@@ -55,6 +55,10 @@ _OPT_WORK_RUN = typer.Option("--work-conservation-max-run-steps",
                              help="work conservation: the longest run of consecutive engine steps that may leave a "
                                   "place or a slot idle, or held by a throttled request, while a request of a user "
                                   "with budget waits (1: the step in which a budget flips)")
+_OPT_WITNESS_CLOCK = typer.Option("--witness-clock-us",
+                                  help="two witnesses: how far (microseconds) the client's time may precede the "
+                                       "engine's event for the same token, end of stream or send (the clock's "
+                                       "resolution; one host clock)")
 _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
                                                          "(default: the longest engine step measured)")
 
@@ -67,7 +71,7 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                place_share_min: float = 0.5, place_jain_min: float = 0.9,
                work_conservation_max_run_steps: int = 1, isolation_e2e_factor: float = 1.5,
                isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
-               isolation_gap_slack_ms: float = 20.0) -> Thresholds:
+               isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -82,7 +86,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                       spacing_slack_ns=round(spacing_slack_ms * 1e6), wait_cpu_max=wait_cpu_max,
                       wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
                       stream_wait_slack_ns=round(stream_wait_slack_ms * 1e6), place_share_min=place_share_min,
-                      place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps)
+                      place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
+                      witness_clock_ns=round(witness_clock_us * 1e3))
 
 
 def verify_bound(
@@ -109,6 +114,7 @@ def verify_bound(
     place_share_min: Annotated[float, _OPT_PLACE_SHARE] = 0.5,
     place_jain_min: Annotated[float, _OPT_PLACE_JAIN] = 0.9,
     work_conservation_max_run_steps: Annotated[int, _OPT_WORK_RUN] = 1,
+    witness_clock_us: Annotated[float, _OPT_WITNESS_CLOCK] = 5.0,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -130,7 +136,8 @@ def verify_bound(
                     emit_tolerance_ms=emit_tolerance_ms, spacing_slack_ms=spacing_slack_ms,
                     wait_cpu_max=wait_cpu_max, wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
                     stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
-                    place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps)
+                    place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
+                    witness_clock_us=witness_clock_us)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:

@@ -1,7 +1,8 @@
 """The terminal: one table per scenario and engine (a row per phase and user), then each failure
 with the promise it broke and where to look, then the rest. A phase of many users (a ``mix``, see
 ``outputs/tiers.py``) is shown by tier: a line per tier with the worst user of each check, then
-only its failing users' rows.
+only its failing users' rows; after a scenario's tables, each such phase's latency by tier beside
+its baseline phase, as ``vllm bench serve`` prints a run.
 
 The names that identify a row (phase, user; scenario and engine in the table's title) are never
 cut: their columns keep their full width, and the figures, under short headers explained in a
@@ -16,9 +17,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from ratebench.analysis.verdict import UserPhaseSummary, Verdict
-from ratebench.outputs.format import FIGURE_COLUMNS, check_where, figure_cells
+from ratebench.outputs.format import FIGURE_COLUMNS, check_where, figure_cells, threshold_items
 from ratebench.outputs.promises import failures_by_promise
-from ratebench.outputs.tiers import TierLine, WorstUser, figure_text, phases_by_tier, tier_lines
+from ratebench.outputs.tiers import (
+    LATENCY_SHORT,
+    LatencyRow,
+    TierLine,
+    WorstUser,
+    figure_text,
+    latency_tables,
+    phases_by_tier,
+    tier_lines,
+)
 
 MAX_FAILURES_SHOWN = 20  # the rest are in report.md
 
@@ -32,10 +42,13 @@ def default_console() -> Console:
 def verdict_tables(verdict: Verdict, width: int | None = None) -> list[Table]:
     """One table per scenario and engine, in run order; its phases of many users by tier first
     (a table of tiers, split to fit ``width`` columns), then the rows of the other phases and of
-    those phases' failing users."""
+    those phases' failing users; after a scenario's last engine, the latency by tier of its phases
+    of many users beside their baselines."""
     groups: dict[tuple[str, str], list[UserPhaseSummary]] = {}
     for row in verdict.rows:
         groups.setdefault((row.scenario, row.engine), []).append(row)
+    latency = latency_tables(verdict)
+    last_group = {key[0]: key for key in groups}  # each scenario's last engine
     tables = []
     for (scenario, engine), rows in groups.items():
         by_tier = phases_by_tier(rows)
@@ -47,7 +60,36 @@ def verdict_tables(verdict: Verdict, width: int | None = None) -> list[Table]:
         if shown:
             failing_only = all(r.phase in tiered for r in shown)
             tables.append(_table(scenario, engine, shown, "failing users" if failing_only else None))
+        if last_group[scenario] == (scenario, engine):
+            tables.extend(_latency_table(rows_, width) for key, rows_ in latency.items() if key[0] == scenario)
     return tables
+
+
+def _latency_table(rows: list[LatencyRow], width: int | None) -> Table:
+    """A many-user phase's tiers, each on the phase then on its baseline (ms at p50/p90/p99, in a line
+    where the table fits ``width`` columns, else one over the other)."""
+    line = rows[0].line
+    base = f" beside {escape(line.baseline_phase)}@{escape(line.baseline_engine)}" if line.baseline_phase else ""
+    names = [[r.line.tier, r.phase, r.limits_text] for r in rows]
+
+    def widths(headers, sep: str) -> list[int]:
+        cells = [n + r.cells(sep) for n, r in zip(names, rows)]
+        return [max(len(h), *(len(x) for c in col for x in c.split("\n"))) for h, *col in zip(headers, *cells)]
+
+    headers = ("tier", "phase", "N", *LATENCY_SHORT)
+    sep = "/"
+    if width is not None and sum(w + 2 for w in widths(headers, sep)) > width:
+        sep, headers = "\n", ("tier", "phase", "N", "reqs", *LATENCY_SHORT[1:])  # p50 over p90 over p99
+    how = "p50/p90/p99" if sep == "/" else "p50 over p90 over p99"
+    title = (f"[bold]{escape(line.scenario)}[/]: latency per tier, {escape(line.phase)}@{escape(line.engine)}{base} "
+             f"(ms at {how}, as vllm bench serve)")
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
+    for k, (name, w) in enumerate(zip(headers, widths(headers, sep))):
+        table.add_column(name, justify="left" if k < 3 else "right", no_wrap=True, min_width=w)
+    for n, r in zip(names, rows):
+        table.add_row(*map(escape, n), *r.cells(sep), end_section=r.baseline)
+    return table
 
 
 def _title(scenario: str, engine: str, what: str | None = None) -> str:
@@ -108,7 +150,7 @@ def _tier_tables(scenario: str, engine: str, lines: list[TierLine], width: int |
         used += w
     tables = []
     for i, chunk in enumerate(chunks):
-        what = (f"{users} users by tier, the worst user of each check (every user: report.md, verdict.json)" if i == 0
+        what = (f"{users} users by tier, the worst user of each check (every user: verdict.json)" if i == 0
                 else "(continued)")
         table = Table(title=_title(scenario, engine, what), title_justify="left", box=box.SIMPLE_HEAD,
                       show_edge=False, pad_edge=False, collapse_padding=True)
@@ -151,6 +193,8 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
         for m in verdict.missing_phases:
             console.print(f"  {escape(m.label)}: {escape(m.why)}")
     console.print(f"[dim]{escape(legend())}[/]")
+    thresholds = ", ".join(f"{k} {x}" for k, x in threshold_items(verdict.thresholds))
+    console.print(f"[dim]thresholds: {escape(thresholds)}[/]")
     for name, step in verdict.engine_steps.items():
         longest = f"{step.longest_ns / 1e6:.2f} ms" if step.samples else "n/a"
         console.print(f"engine {name}: longest step (dispatch-to-emit) {longest} ({step.method})")

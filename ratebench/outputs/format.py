@@ -95,6 +95,70 @@ def in_rounds(role: str) -> bool:
     return role in OVERHEAD_ROLES
 
 
+def ms_text(ms_value: float) -> str:
+    """Milliseconds, short: whole from 100 ms, one decimal from 10 ms, two below."""
+    if abs(ms_value) >= 100:
+        return f"{ms_value:.0f}"
+    return f"{ms_value:.1f}" if abs(ms_value) >= 10 else f"{ms_value:.2f}"
+
+
+def quantiles_ms(g: GapStats | None, sep: str = "/") -> str:
+    """p50/p90/p99 of a latency, in ms."""
+    if g is None:
+        return "-"
+    return sep.join(ms_text(x / 1e6) for x in (g.p50_ns, g.p90_ns, g.p99_ns))
+
+
+def overrides_text(user_tps: dict | None, names_up_to: int = 3) -> str:
+    """An engine's per-user limits in a line: how many users, and each distinct limit with its count of
+    users (``100 users: 5 (24), 15 (36), 100 (12)``); at most ``names_up_to`` users are named instead.
+    The full map stays in verdict.json and manifest.json."""
+    if not user_tps:
+        return "-"
+    n = len(user_tps)
+    head = f"{n} user" + ("" if n == 1 else "s")
+    if n <= names_up_to:
+        return f"{head}: " + ", ".join(f"{u} {lim}" for u, lim in user_tps.items())
+    counts: dict = {}
+    for lim in user_tps.values():
+        counts[lim] = counts.get(lim, 0) + 1
+    limits = sorted(counts, key=lambda x: (not isinstance(x, (int, float)), x if isinstance(x, (int, float)) else 0))
+    return f"{head}: " + ", ".join(f"{lim} ({counts[lim]})" for lim in limits)
+
+
+# thresholds whose None means something in words
+_THRESHOLD_NONE = {"max_overhead": "report only", "max_event_overhead": "report only",
+                   "emit_tolerance_ns": "the longest engine step"}
+
+
+def _duration(ns: float) -> str:
+    if abs(ns) >= 10e9:
+        return f"{ns / 1e9:g} s"
+    if abs(ns) >= 1e6 or ns == 0:
+        return f"{ns / 1e6:g} ms"
+    return f"{ns / 1e3:g} us"
+
+
+def threshold_items(th) -> list[tuple[str, str]]:
+    """Each threshold as a person reads it: (name, value), durations with their unit (ms; s, us) and
+    the ``_ns`` suffix dropped (``spacing_slack``, ``5 ms``)."""
+    out = []
+    for name in th.__dataclass_fields__:
+        x = getattr(th, name)
+        if x is None:
+            text = _THRESHOLD_NONE.get(name, "-")
+        elif name.endswith("_ns"):
+            text = _duration(x)
+        elif name.endswith("_ms"):
+            text = f"{x:g} ms"
+        elif isinstance(x, float):
+            text = f"{x:g}"
+        else:
+            text = str(x)
+        out.append((name.removesuffix("_ns").removesuffix("_ms"), text))
+    return out
+
+
 def plot_slug(scenario: str, phase: str, engine: str) -> str:
     """A phase's plot file name, without the folder and suffix."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{scenario}-{phase}-{engine}").strip("-")

@@ -23,6 +23,8 @@ PROMISES: dict[str, str] = {
     "6": "the bound: in any window of W seconds a user receives at most (W + 0.1) * N + 1 output tokens",
     "7": "with the feature off the scheduler behaves as upstream; on, with limits never reached, it costs little",
     "identity": "each charge goes to the request's output_rate_user, or to __anonymous__ without one",
+    "witness": "two witnesses, one host clock: the engine's event file agrees with what the client received "
+               "(no token before the engine says it emitted it, none it never emitted)",
     "waiting": "waiting costs nothing: the engine blocks on its input queue while every request is throttled "
                "and wakes at once for a new request or an abort",
     "events": "recording engine events costs little",
@@ -49,8 +51,21 @@ CHECKS: dict[str, CheckMeaning] = {
                                    _UPPER),
     "bound-emit": CheckMeaning("6", "the engine emitted more tokens in a window than the bound allows "
                                "(with one engine step of tolerance)", _UPPER + " (dashed: emit)"),
-    "bound-client": CheckMeaning("6", "the client received more tokens in a window than the bound allows "
-                                 "(information only: HTTP coalesces chunks)", _UPPER),
+    "bound-client": CheckMeaning("6", "the client received more tokens in a window than the bound allows, even "
+                                 "with the windows widened by the engine step and the spread of the measured "
+                                 "delivery latency (client arrival - engine emit)",
+                                 "requests.jsonl: the chunk times of the user's requests in the worst window, "
+                                 "against their emit events in {events}"),
+    "witness-order": CheckMeaning("witness", "a token (or a stream's end) reached the client before the engine's "
+                                  "event file says the engine emitted (finished) it, or the file has the engine "
+                                  "handling a request before the client sent it: the file's times are not what "
+                                  "happened, and every check made on them proves nothing",
+                                  "requests.jsonl: the chunk_ns of the request the explanation names, against "
+                                  "its emit events in {events}"),
+    "witness-emits": CheckMeaning("witness", "the client received tokens for which the engine's event file has no "
+                                  "emit event: the file leaves out what the engine did",
+                                  "{events}: the emit events of the request the explanation names, against its "
+                                  "chunk_tokens in requests.jsonl"),
     "bound-dispatch-run": CheckMeaning("6", "over the engine's whole event file, a window holds more charges than "
                                        "the bound allows (the limiter's state must carry across phases)",
                                        "{events}; report.md, the bound over each engine's whole event file"),

@@ -1,9 +1,12 @@
 """What report.md and report.html say, in order, as plain blocks each format renders.
 
 The order: the verdict; the failures, by the promise each broke; a partial run's missing
-phases; warnings; the run; the users table (the overhead rounds collapsed into the overhead
-table of paired ratios); inter-token gaps; the whole-file bound; the checks, one row per kind;
-the plots; the definitions. Inline text may hold ``**bold**`` and ```code``` (markdown's).
+phases; warnings; the run; the phases of many users by tier (the worst user of each check) and
+their latency by tier beside their baseline; the users table (the overhead rounds collapsed into
+the overhead table of paired ratios, the passing users of the phases of many users into their
+tiers: verdict.json keeps every row); inter-token gaps; the whole-file bound (by tier for many
+users); the checks, one row per kind; the plots; the definitions. Inline text may hold ``**bold**``
+and ```code``` (markdown's).
 """
 
 from __future__ import annotations
@@ -13,9 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ratebench.analysis.verdict import Check, OverheadSummary, Verdict
-from ratebench.outputs.format import ROW_COLUMNS, check_where, in_rounds, row_cells
+from ratebench.outputs.format import ROW_COLUMNS, check_where, in_rounds, overrides_text, row_cells, threshold_items
 from ratebench.outputs.promises import failures_by_promise, meaning
-from ratebench.outputs.tiers import figure_text, phases_by_tier, tier_lines
+from ratebench.outputs.tiers import (
+    LATENCY_HEADER,
+    LATENCY_INTRO,
+    figure_text,
+    latency_tables,
+    phases_by_tier,
+    tier_lines,
+    tier_of,
+)
 
 
 @dataclass
@@ -183,6 +194,7 @@ def report_blocks(verdict: Verdict, plot_paths: list[Path] | None = None,
         out += [Heading(2, "Warnings"), Bullets(list(v.warnings))]
     out += _run(v)
     out += _tiers(v)
+    out += _tier_latency(v)
     out += _users(v)
     for o in v.overheads:
         out += _overhead(v, o)
@@ -207,16 +219,18 @@ def _run(v: Verdict) -> list[Block]:
         step = v.engine_steps.get(name)
         longest = f"{step.longest_ns / 1e6:.2f} ms" if step and step.samples else "n/a"
         eng_rows.append([name, _fmt(e.get("kind")), _fmt(e.get("feature")), _fmt(e.get("async_scheduling")),
-                         _fmt(e.get("default_tps")), f"`{e.get('user_tps')}`", longest])
-    th = v.thresholds
+                         _fmt(e.get("default_tps")), overrides_text(e.get("user_tps")), longest])
     return [Heading(2, "Run"), Table(["", "value"], info),
-            Table(["engine", "kind", "feature", "async", "default tok/s", "overrides", "longest step"], eng_rows),
-            Text("Thresholds: " + ", ".join(f"`{k}` = {_fmt(getattr(th, k))}" for k in th.__dataclass_fields__))]
+            Table(["engine", "kind", "feature", "async", "default tok/s", "overrides: tok/s (users)", "longest step"],
+                  eng_rows),
+            Text("Thresholds: " + ", ".join(f"`{k}` = {x}" for k, x in threshold_items(v.thresholds)))]
 
 
 def _shown(v: Verdict):
-    """The rows the tables show: all but the overhead rounds' (a failing one stays)."""
-    return [r for r in v.rows if not in_rounds(r.role) or not r.passed]
+    """The rows the tables show: all but the overhead rounds' and the phases of many users' (their tiers
+    stand for them); a failing one stays."""
+    tiered = set(phases_by_tier(v.rows))
+    return [r for r in v.rows if not r.passed or not (in_rounds(r.role) or (r.scenario, r.phase, r.engine) in tiered)]
 
 
 def _tiers(v: Verdict) -> list[Block]:
@@ -239,9 +253,20 @@ def _tiers(v: Verdict) -> list[Block]:
             for x in lines]
     return [Heading(2, "Users by tier"),
             Text("A phase of many users (a `mix`, or more than a dozen users) by tier: for each check, the "
-                 "figure of the tier's user furthest from its threshold (or past it), and that user. Every "
-                 "user's row is in the next table."),
+                 "figure of the tier's user furthest from its threshold (or past it), and that user. Its failing "
+                 "users' rows are in the users table below; verdict.json has every user's row."),
             Table(["scenario/phase", "engine", "tier", "users", "N", "tokens", "result", *checks], rows)]
+
+
+def _tier_latency(v: Verdict) -> list[Block]:
+    """Each many-user phase's tiers, the limiter-on phase beside its baseline, as vllm bench serve prints."""
+    tables = latency_tables(v)
+    if not tables:
+        return []
+    rows = [[f"{x.line.scenario}/{x.phase}", x.engine, x.line.tier, str(len(x.line.users)), x.limits_text,
+             *x.cells()] for members in tables.values() for x in members]
+    return [Heading(2, "Latency by tier"), Text(LATENCY_INTRO),
+            Table(["scenario/phase", "engine", "tier", "users", "N", *LATENCY_HEADER], rows)]
 
 
 def _some(users: list[str], most: int = 5) -> str:
@@ -252,15 +277,25 @@ def _some(users: list[str], most: int = 5) -> str:
 
 def _users(v: Verdict) -> list[Block]:
     shown = _shown(v)
-    out = [Heading(2, "Users by scenario phase" + (" (PARTIAL: the completed phases only)" if v.partial else "")),
-           Text("Rates in tok/s, slack in tokens, gaps in ms."),
-           Table(list(ROW_COLUMNS), [row_cells(r) for r in shown])]
-    hidden = {(r.scenario, r.phase, r.engine) for r in v.rows} - {(r.scenario, r.phase, r.engine) for r in shown}
+    out: list[Block] = [Heading(2, "Users by scenario phase" + (" (PARTIAL: the completed phases only)"
+                                                               if v.partial else ""))]
+    if shown:
+        out += [Text("Rates in tok/s, slack in tokens, gaps in ms."),
+                Table(list(ROW_COLUMNS), [row_cells(r) for r in shown])]
+    hidden = {(r.scenario, r.phase, r.engine) for r in v.rows if in_rounds(r.role)} - \
+        {(r.scenario, r.phase, r.engine) for r in shown}
     if hidden:
         scenarios = sorted({s for s, _, _ in hidden})
         out.append(Text(f"The {len(hidden)} passing phases of the overhead rounds (scenario "
                         f"{', '.join(f'`{s}`' for s in scenarios)}) are collapsed into the overhead table below; "
                         "verdict.json has each round's rows."))
+    tiered = phases_by_tier(v.rows)
+    if tiered:
+        passing = sum(r.passed for members in tiered.values() for r in members)
+        out.append(Text(f"The {passing} passing users of the {len(tiered)} phases of many users ("
+                        + ", ".join(f"`{s}/{p}@{e}`" for s, p, e in tiered)
+                        + ") are collapsed into their tiers (Users by tier, Latency by tier, above); only their "
+                          "failing users have a row here and in the gaps table; verdict.json has every user's row."))
     return out
 
 
@@ -299,24 +334,55 @@ def _gaps(v: Verdict) -> list[Block]:
             if g is not None:
                 rows.append([f"{r.scenario}/{r.phase}", r.engine, r.user, label, str(g.count),
                              *(f"{x / 1e6:.2f}" for x in (g.min_ns, g.p50_ns, g.p90_ns, g.p99_ns, g.max_ns))])
-    return [Heading(2, "Inter-token gaps and times to first token (ms)"),
-            Table(["scenario/phase", "engine", "user", "gaps", "n", "min", "p50", "p90", "p99", "max"], rows)]
+    head = Heading(2, "Inter-token gaps and times to first token (ms)")
+    if not rows:  # every user is in a phase of many users, and passed
+        return [head, Text("Every user's gaps are in verdict.json; by tier, see Latency by tier above.")]
+    return [head, Table(["scenario/phase", "engine", "user", "gaps", "n", "min", "p50", "p90", "p99", "max"], rows)]
 
 
 def _whole_file_bounds(v: Verdict) -> list[Block]:
+    """Per engine and user; the users of the phases of many users by tier: each tier's tightest user on
+    each side, and every failing one (verdict.json has every user)."""
+    tier: dict[tuple[str, str], str] = {}  # (engine, user) -> its tier, for the users of a phase of many users
+    for members in phases_by_tier(v.rows).values():
+        for r in members:
+            tier.setdefault((r.engine, r.user), tier_of(r))
+    # (engine, tier, side) -> the tier's users on that side, and the tightest
+    users: dict[tuple[str, str, str], int] = {}
+    tightest: dict[tuple[str, str, str], tuple[float, str]] = {}
+    for eb in v.engine_bounds:
+        t = tier.get((eb.engine, eb.user))
+        for label, b in (("dispatch", eb.dispatch), ("emit", eb.emit)):
+            if t is not None and b is not None and b.worst is not None:
+                key = (eb.engine, t, label)
+                users[key] = users.get(key, 0) + 1
+                if key not in tightest or b.worst.slack_tokens < tightest[key][0]:
+                    tightest[key] = (b.worst.slack_tokens, eb.user)
     rows = []
     for eb in v.engine_bounds:
+        t = tier.get((eb.engine, eb.user))
         for label, b in (("dispatch", eb.dispatch), ("emit", eb.emit)):
-            if b is not None and b.worst is not None:
-                w = b.worst
-                rows.append([eb.engine, eb.user, str(eb.limit_tps), label, str(b.events), str(b.tokens),
-                             f"{w.window_s:.3f}", str(w.tokens), f"{w.allowed_tokens:.2f}", f"{w.slack_tokens:+.3f}",
-                             "pass" if b.passed else "FAIL"])
+            if b is None or b.worst is None:
+                continue
+            who = eb.user
+            if t is not None:
+                key = (eb.engine, t, label)
+                if tightest[key][1] != eb.user and b.passed:
+                    continue  # by tier: its tightest user stands for it
+                if tightest[key][1] == eb.user and users[key] > 1:
+                    who = f"{eb.user} (tightest of tier {t}, {users[key]} users)"
+            w = b.worst
+            rows.append([eb.engine, who, str(eb.limit_tps), label, str(b.events), str(b.tokens),
+                         f"{w.window_s:.3f}", str(w.tokens), f"{w.allowed_tokens:.2f}", f"{w.slack_tokens:+.3f}",
+                         "pass" if b.passed else "FAIL"])
     if not rows:
         return []
-    return [Heading(2, "The bound over each engine's whole event file"),
-            Table(["engine", "user", "limit", "on", "events", "tokens", "worst W s", "tokens in W", "allowed",
-                   "slack", "result"], rows)]
+    out: list[Block] = [Heading(2, "The bound over each engine's whole event file")]
+    if tier:
+        out.append(Text("The users of the phases of many users by tier: each tier's tightest user (least slack) on "
+                        "each side, and every failing one; verdict.json has every user's."))
+    return out + [Table(["engine", "user", "limit", "on", "events", "tokens", "worst W s", "tokens in W", "allowed",
+                         "slack", "result"], rows)]
 
 
 def _margin(c: Check) -> float | None:

@@ -3,15 +3,18 @@ table stays readable with), each tier's users in one line with the worst user of
 
 A user's tier is the one its mix recorded (``scenarios.json`` ``users[u].tier``); a user without
 one (a trace's users, a mix's anonymous requests) is grouped with the users at its limit. The
-terminal shows these lines, then the failing users' own rows; report.md shows them before every
-user's row; verdict.json keeps every row.
+terminal and report.md show these lines, then the failing users' own rows; verdict.json keeps every
+row. Beside them, the latency of each tier (``analysis/tierlatency.py``) on the phase and on its
+baseline, as ``vllm bench serve`` reports a run.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ratebench.analysis.tierlatency import ServeFigures, TierLatency
 from ratebench.analysis.verdict import Check, UserPhaseSummary, Verdict
+from ratebench.outputs.format import num, quantiles_ms
 from ratebench.profiles import ANONYMOUS_USER
 
 MAX_USER_ROWS = 12  # a phase of more users than this is shown by tier in the terminal
@@ -123,4 +126,65 @@ def tier_lines(verdict: Verdict, rows: list[UserPhaseSummary]) -> list[TierLine]
             line.worst[name] = WorstUser(name, worst.user, worst.figure, worst.threshold, worst.op, worst.unit,
                                          failed=sum(c.passed is False for c in cs), checked=len(cs))
         out.append(line)
+    return out
+
+
+# the latency table's figures, as `vllm bench serve` prints them (ms at p50/p90/p99)
+LATENCY_HEADER = ("requests", "output tokens", "tok/s", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99",
+                  "ITL ms p50/p90/p99", "E2EL ms p50/p90/p99")
+LATENCY_SHORT = ("requests", "tokens", "tok/s", "TTFT", "TPOT", "ITL", "E2EL")  # the terminal's headers
+LATENCY_INTRO = (
+    "Each phase of many users (a `mix`) by tier, beside its baseline (the same requests on the limiter-off "
+    "engine), with the figures `vllm bench serve` prints: requests sent, output tokens, throughput (output "
+    "tokens over the tier's first request sent to its last token, tok/s), and in ms at p50/p90/p99 (linear "
+    "interpolation): **TTFT** (first token - sent, per request), **TPOT** ((last token - first token) / "
+    "(tokens - 1), per request of 2 tokens or more), **ITL** (between consecutive chunks of one request, "
+    "pooled) and **E2EL** (last token - sent, answers that ended by themselves). On the client's chunks (the "
+    "engine's emit events where the client recorded none). Figures only: the isolation checks judge the "
+    "tiers whose limits did not bind. verdict.json (`tier_latency`) has each tier's users and sample counts.")
+
+
+def serve_cells(f: ServeFigures | None, sep: str = "/") -> list[str]:
+    """One tier's figures in one phase (``LATENCY_HEADER``'s order); ``sep`` between p50, p90 and p99."""
+    if f is None:
+        return ["0", "0", "-", "-", "-", "-", "-"]
+    return [str(f.requests), str(f.output_tokens), num(f.throughput_tps),
+            *(quantiles_ms(getattr(f, k), sep) for k in ("ttft", "tpot", "itl", "e2el"))]
+
+
+@dataclass
+class LatencyRow:
+    """One row of the latency table: a tier in the limiter-on phase or in its baseline."""
+
+    line: TierLatency
+    baseline: bool
+
+    @property
+    def phase(self) -> str:
+        return (self.line.baseline_phase if self.baseline else self.line.phase) or "-"
+
+    @property
+    def engine(self) -> str:
+        return (self.line.baseline_engine if self.baseline else self.line.engine) or "-"
+
+    @property
+    def limits_text(self) -> str:
+        """``off`` on the baseline (the limiter-off engine), else the tier's limits (``20``, ``20/50``)."""
+        if self.baseline:
+            return "off"
+        return "/".join("off" if n is None else str(n) for n in self.line.limits_tps) or "-"
+
+    def cells(self, sep: str = "/") -> list[str]:
+        return serve_cells(self.line.baseline if self.baseline else self.line.on, sep)
+
+
+def latency_tables(verdict: Verdict) -> dict[tuple[str, str, str], list[LatencyRow]]:
+    """The latency rows of each many-user phase, by (scenario, phase, engine) of its limiter-on phase:
+    for each tier, the phase then its baseline (when it has one)."""
+    out: dict[tuple[str, str, str], list[LatencyRow]] = {}
+    for line in verdict.tier_latency:
+        rows = out.setdefault((line.scenario, line.phase, line.engine), [])
+        rows.append(LatencyRow(line, False))
+        if line.baseline_phase is not None:
+            rows.append(LatencyRow(line, True))
     return out

@@ -14,7 +14,13 @@ Times, all on the fake clock, so that engine and client sides agree:
 * emit: the step's dispatch time plus that step's length (the model ran in
   between), with the tokens ``update_from_output`` returned for the request;
 * finish: at the emit of the last token, with its reason and total;
-* client chunks: emit time plus a small delay.
+* client chunks: emit time plus a small delay (2 to 2.5 ms), the stream's end at its last chunk.
+
+The client side is derived from the harness's own emit stamps, so the two-witness checks
+(``ratebench/analysis/witness.py``: witness-order, witness-emits) hold here by construction: they
+check that this module's two sides agree, not the patch's recorder (which writes only the dispatch
+events kept here). bound-client is judged as on a real run; on these truthful emits it fails only
+where bound-emit does.
 """
 
 from __future__ import annotations

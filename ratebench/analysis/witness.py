@@ -1,0 +1,275 @@
+"""Two witnesses: the client's timestamps held against the engine's event file (figures only).
+
+The engine's event file is the patch's own account of itself: a recorder that stamped each user's
+tokens on an even 1/N schedule would pass every check made on it alone. The client is the second
+witness. Both stamp with ``time.monotonic_ns()``, CLOCK_MONOTONIC, one clock for every process of
+a host, so their times compare directly. The checks (``checks.py``: ``witness-order``,
+``witness-emits``, ``bound-client``) judge these figures.
+
+Order (``witness-order``)
+-------------------------
+The patch stamps a step's emit events once, at the start of ``update_from_output()``, before the
+step's outputs leave the engine core (IPC to the API server, detokenization, an SSE chunk on a
+socket, the client's read). So for every request, joined to its engine request by
+``events.client_id_of``::
+
+    client arrival of its k-th token  >=  time of the emit event that brought its emitted count to k
+
+The client's k-th token: ``ClientRecord.chunk_tokens`` cumulated (the deltas of the chunks'
+``usage.completion_tokens``, which count what the engine emitted); a chunk carrying tokens a..b is
+held against the emit of its last token b (the latest of its emits). Two more comparisons of the
+same kind, per request:
+
+* the end of the stream (``done_ns``, the client's ``[DONE]``) not before the engine's finish
+  event, when the engine ended the request itself (finish reason stop or length: it frees the
+  request inside ``update_from_output()``, before the last output leaves; a stop *string* is found
+  by the API server, which then aborts the request in the engine after the client's ``[DONE]``,
+  and a cancelled stream's ``done_ns`` is its cancel, so neither is compared);
+* no event of the request in the engine's file before the client sent it (``sent_ns`` is stamped
+  before the request's bytes are written): a recorder that backdates its stamps shows here.
+
+The figure is the largest (engine time - client time) over all of them: negative on a truthful
+file (the smallest causal margin), positive where the client had something before the engine
+says it made it. ``Thresholds.witness_clock_ns`` (5 us) is the slack for reading the clock:
+CLOCK_MONOTONIC read through the vDSO has 1 ns resolution and one timekeeper for all CPUs
+(invariant TSC); the real causal margin, engine to API server to socket to client, is hundreds
+of microseconds.
+
+Tokens the client received for which the engine's file has no emit event (the request's emitted
+count never reaches k, or no event names the request at all) are counted apart
+(``witness-emits``): reconciliation may fail on the same request, but it says "the totals differ",
+this says "the client holds tokens the engine's file never emitted".
+
+Delivery latency and the bound on client chunks (``bound-client``)
+------------------------------------------------------------------
+Per token, L = client arrival - the engine's emit of that token; per user and phase, ``Lmin`` and
+``Lmax`` over its joined tokens (a chunk of tokens a..b gives ``c - e_b`` and ``c - e_a``). Every
+token of a client window ``[c_i, c_j]`` was emitted inside ``[c_i - Lmax, c_j - Lmin]``, a window
+``Lmax - Lmin`` longer; bound-emit holds there with tolerance T (its step tolerance), so the
+client window holds at most::
+
+    (W + B + T + (Lmax - Lmin)) * N + 1
+
+tokens: bound-client is the bound on client chunk times with the windows widened by
+``T + Lmax - max(Lmin, 0)``, every term measured on the run. ``max(Lmin, 0)``: a file that puts
+emits after the client's arrivals (witness-order broken) earns no allowance for its negative
+latencies, so a recorder that smooths a burst the client received gets no wider windows for it.
+The maximum, not a quantile, because the derivation needs the whole spread: one token held 200 ms
+by a busy API server widens every window of that user and phase by 200 ms, which is what it takes
+for a delay the limiter did not cause to never fail the client's bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ratebench.analysis.segments import group_by
+from ratebench.events import KIND_EMIT, KIND_FINISH
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ratebench.analysis.load import RunData
+
+FINISH_BY_ENGINE = (1, 2)  # events.FINISH_REASONS: stop, length (the engine ended the request itself)
+
+
+@dataclass
+class Early:
+    """The comparison of one witness-order kind with the largest engine time - client time."""
+
+    early_ns: int  # engine time - client time; > 0: the client had it first
+    client_id: str
+    token: int | None = None  # the k-th token of the request (token comparisons)
+
+
+@dataclass
+class WitnessResult:
+    """One user in one phase: its client records held against the engine's events."""
+
+    requests: int = 0  # client records with tokens (or an end) held against an engine request
+    tokens: int = 0  # tokens the client received in those requests with an emit event to hold them against
+    unjoined_requests: int = 0  # client records with tokens whose request no engine event names
+    worst_token: Early | None = None  # a token's arrival against its emit
+    worst_end: Early | None = None  # a stream's end against the engine's finish (stop, length)
+    ends: int = 0  # streams whose end was compared
+    worst_sent: Early | None = None  # the request's first engine event against its send
+    sent: int = 0  # requests whose send was compared
+    unemitted_tokens: int = 0  # tokens the client received with no emit event for them
+    unemitted_requests: int = 0
+    unemitted_example: str | None = None  # the request with the most, in words
+    unemitted_most: int = 0  # that request's tokens with no emit event
+    # client arrival - emit, per token: the extremes over the row's joined tokens
+    latency_min_ns: int | None = None
+    latency_max_ns: int | None = None
+    latency_p50_ns: int | None = None  # per chunk, its last token (information)
+    emit_tolerance_ns: int = 0  # T: the windows' widening of bound-emit
+    # T + Lmax - max(Lmin, 0): bound-client's widening (None: no latency measured, not judged)
+    client_tolerance_ns: int | None = None
+
+    @property
+    def worst(self) -> tuple[str, Early] | None:
+        """The comparison closest to (or furthest past) the client being first: (what, it)."""
+        cands = [(what, e) for what, e in (("token", self.worst_token), ("end", self.worst_end),
+                                           ("sent", self.worst_sent)) if e is not None]
+        return max(cands, key=lambda x: x[1].early_ns) if cands else None
+
+    @property
+    def spread_ns(self) -> int | None:
+        """Lmax - max(Lmin, 0): what the delivery adds to bound-client's windows beyond T."""
+        if self.latency_max_ns is None:
+            return None
+        return max(0, self.latency_max_ns - max(self.latency_min_ns, 0))
+
+
+def _worse(a: Early | None, b: Early | None) -> Early | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return b if b.early_ns > a.early_ns else a
+
+
+def witness_figures(run: RunData, row_of_record: dict[int, tuple[int, str]], chunks,
+                    emit_tolerance_ns: dict[tuple[int, str], int]) -> dict[tuple[int, str], WitnessResult]:
+    """Per (phase index, user) row: the witness figures of its client records on engines with an event file.
+
+    ``row_of_record``: client record index -> its row (the user the engine charged); ``chunks``: every
+    record's chunks as flat arrays (``summary._ClientChunks``: ``t``, ``tokens``, ``lengths``,
+    ``starts``, ``of()``); ``emit_tolerance_ns``: per row, the widening of its bound-emit windows.
+    """
+    out: dict[tuple[int, str], WitnessResult] = {}
+    by_engine: dict[str, list[int]] = {}
+    for i, key in row_of_record.items():
+        r = run.records[i]
+        if r.engine in run.traces:
+            by_engine.setdefault(r.engine, []).append(i)
+    for name, indices in by_engine.items():
+        _engine_witness(run, name, indices, row_of_record, chunks, out)
+    for key, w in out.items():
+        w.emit_tolerance_ns = int(emit_tolerance_ns.get(key, 0))
+        if w.latency_max_ns is not None:
+            w.client_tolerance_ns = w.emit_tolerance_ns + w.spread_ns
+    return out
+
+
+def _engine_witness(run: RunData, name: str, indices: list[int], row_of_record, chunks, out) -> None:
+    trace = run.traces[name]
+    recs = trace.records  # time-sorted
+    n_codes = max(len(trace.events.strings), 1)
+    kind, t_all, req_all = recs["kind"], recs["t_ns"], recs["req"].astype(np.int64)
+    em = (kind == KIND_EMIT) & (recs["count"] > 0)
+    e_t, e_req, e_c = t_all[em], req_all[em], recs["count"][em].astype(np.int64)
+    by = group_by(e_req)  # stable: each request's emits in time order
+    t_r = e_t[by.order]
+    c_r = e_c[by.order]
+    cum_all = np.cumsum(c_r)  # strictly increasing: every count > 0
+    before = (cum_all - c_r)[by.starts] if len(by) else np.zeros(0, dtype=np.int64)  # tokens of earlier groups
+    total = cum_all[by.ends - 1] - before if len(by) else np.zeros(0, dtype=np.int64)
+    group_of_code = np.full(n_codes, -1, dtype=np.int64)
+    group_of_code[by.keys.astype(np.int64)] = np.arange(len(by), dtype=np.int64)
+    emitted_of_code = np.zeros(n_codes, dtype=np.int64)
+    emitted_of_code[by.keys.astype(np.int64)] = total
+    # the first event of any kind per request code, and its first finish event (time, reason)
+    first_ns = np.full(n_codes, -1, dtype=np.int64)
+    if len(req_all):
+        rev = slice(None, None, -1)  # assigning in reverse time order: the earliest wins
+        first_ns[req_all[rev]] = t_all[rev]
+    fin = np.flatnonzero(kind == KIND_FINISH)[::-1]
+    finish_ns = np.full(n_codes, -1, dtype=np.int64)
+    finish_reason = np.full(n_codes, -1, dtype=np.int64)
+    finish_ns[req_all[fin]] = t_all[fin]
+    finish_reason[req_all[fin]] = recs["reason"][fin]
+    code_of_record = {int(i): int(c) for c, i in enumerate(trace.req_record.tolist()) if i >= 0}
+
+    # records in row order, so each row's chunks are one slice
+    rows = sorted({row_of_record[i] for i in indices})
+    row_no = {k: n for n, k in enumerate(rows)}
+    idx = np.array(sorted(indices, key=lambda i: (row_no[row_of_record[i]], i)), dtype=np.int64)
+    codes = np.array([code_of_record.get(int(i), -1) for i in idx], dtype=np.int64)
+    row_of = np.array([row_no[row_of_record[int(i)]] for i in idx], dtype=np.int64)
+    strings = trace.events.strings
+
+    # per record: the send and the end against the engine, and tokens beyond what the engine emitted
+    records = [run.records[i] for i in idx.tolist()]
+    n = len(records)
+    joined = codes >= 0
+    cc = np.maximum(codes, 0)
+    streamed = chunks.streamed[idx]
+    sent = chunks.sent[idx]
+    done = np.fromiter((-1 if r.done_ns is None else r.done_ns for r in records), dtype=np.int64, count=n)
+    ended = np.fromiter((not r.cancelled and r.error is None for r in records), dtype=bool, count=n) & (done >= 0)
+    emitted = np.where(joined, emitted_of_code[cc], 0)
+    missing = np.maximum(streamed - emitted, 0)
+    held = joined & ((streamed > 0) | (done >= 0))
+    send_ok = joined & (sent >= 0) & (first_ns[cc] >= 0)
+    early_sent = sent - first_ns[cc]  # the engine's first event before the send: > 0
+    end_ok = joined & ended & (finish_ns[cc] >= 0) & np.isin(finish_reason[cc], FINISH_BY_ENGINE)
+    early_end = finish_ns[cc] - done
+    bounds = np.flatnonzero(np.diff(row_of)) + 1
+    for a, b in zip([0, *bounds.tolist()], [*bounds.tolist(), n]):
+        w = out.setdefault(rows[int(row_of[a])], WitnessResult())
+        sl = slice(a, b)
+        w.requests += int(held[sl].sum())
+        w.unjoined_requests += int((~joined[sl] & (streamed[sl] > 0)).sum())
+        w.unemitted_tokens += int(missing[sl].sum())
+        w.unemitted_requests += int((missing[sl] > 0).sum())
+        m = a + int(np.argmax(missing[sl]))
+        if missing[m] > w.unemitted_most:
+            w.unemitted_most = int(missing[m])
+            r = records[m]
+            w.unemitted_example = (
+                f"{r.client_id} ({strings[codes[m]]}): the client received {int(streamed[m])} tokens, the engine's "
+                f"file emitted {int(emitted[m])}: tokens {int(emitted[m]) + 1}..{int(streamed[m])} have no emit "
+                "event" if joined[m] else
+                f"{r.client_id}: the client received {int(streamed[m])} tokens, no event of the engine's file names "
+                "the request")
+        for ok, early, count_attr, worst_attr in ((send_ok, early_sent, "sent", "worst_sent"),
+                                                  (end_ok, early_end, "ends", "worst_end")):
+            sel = np.flatnonzero(ok[sl]) + a
+            if len(sel):
+                m = int(sel[np.argmax(early[sel])])
+                setattr(w, count_attr, getattr(w, count_attr) + len(sel))
+                setattr(w, worst_attr, _worse(getattr(w, worst_attr), Early(int(early[m]), records[m].client_id)))
+
+    # per chunk: its tokens' arrival against their emits
+    has = chunks.lengths[idx] > 0
+    idx_c, codes_c, row_c = idx[has], codes[has], row_of[has]
+    if not len(idx_c):
+        return
+    t, tok, rec = chunks.of(idx_c)
+    lengths = chunks.lengths[idx_c]
+    cs = np.cumsum(tok)
+    first_chunk = np.cumsum(lengths) - lengths
+    cum = cs - np.repeat((cs - tok)[first_chunk], lengths)  # the chunk's last token, k within its request
+    first_tok = cum - tok + 1
+    g = np.repeat(group_of_code[np.maximum(codes_c, 0)], lengths)
+    g[np.repeat(codes_c < 0, lengths)] = -1
+    row_chunk = np.repeat(row_c, lengths)
+    tot = np.where(g >= 0, total[np.maximum(g, 0)] if len(total) else 0, 0)
+    k_last = np.minimum(cum, tot)  # tokens beyond what was emitted are counted as unemitted
+    ok = (g >= 0) & (first_tok <= tot) & (tok > 0)
+    base = np.where(ok, before[np.maximum(g, 0)] if len(before) else 0, 0)
+    e_last = np.zeros(len(t), dtype=np.int64)
+    e_first = np.zeros(len(t), dtype=np.int64)
+    if ok.any():
+        e_last[ok] = t_r[np.searchsorted(cum_all, base[ok] + k_last[ok], side="left")]
+        e_first[ok] = t_r[np.searchsorted(cum_all, base[ok] + first_tok[ok], side="left")]
+    early = e_last - t  # engine - client: > 0 is the client first
+    lat_min = t - e_last
+    lat_max = t - e_first
+    counted = np.where(ok, k_last - first_tok + 1, 0)
+    row_bounds = np.flatnonzero(np.diff(row_chunk)) + 1
+    for a, b in zip(np.concatenate(([0], row_bounds)).tolist(), np.concatenate((row_bounds, [len(t)])).tolist()):
+        w = out[rows[int(row_chunk[a])]]
+        sel = np.flatnonzero(ok[a:b]) + a
+        if not len(sel):
+            continue
+        w.tokens += int(counted[sel].sum())
+        m = int(sel[np.argmax(early[sel])])
+        w.worst_token = _worse(w.worst_token, Early(int(early[m]), run.records[int(rec[m])].client_id,
+                                                     int(k_last[m])))
+        w.latency_min_ns = int(lat_min[sel].min())
+        w.latency_max_ns = int(lat_max[sel].max())
+        w.latency_p50_ns = int(np.median(lat_min[sel]))
