@@ -114,6 +114,8 @@ def _analyse_run(run_dir: str | Path, th: Thresholds, partial: bool) -> VerifyRe
         manifest_summary=_manifest_summary(run.manifest), thresholds=th, engine_steps=summary.engine_steps,
         rows=rows, engine_bounds=summary.engine_bounds, overheads=summary.overheads, checks=checks, waiting=summary.waiting,
         warnings=run.warnings + summary.warnings, partial=state != "complete", missing_phases=missing,
+        engine_async_scheduling={name: bool(t.events.meta["async_scheduling"]) for name, t in run.traces.items()
+                                 if t.events.meta.get("async_scheduling") is not None},
     )
     stages["checks"] = time.perf_counter() - t2
     t3 = time.perf_counter()

@@ -111,3 +111,85 @@ def mix_run_folder(run_dir: Path, *, kind: str = "mix", tiers: tuple = MIX_TIERS
                                {u: {**v, "limit_tps": None} for u, v in info.items()}, requests(1000),
                                params={"lateness_ms": 20}))
     return write_run_folder(run_dir, engines, phases)
+
+
+def set_async_scheduling(run_dir: Path, engine: str) -> None:
+    """Mark one engine as having run with async scheduling, in manifest.json and its event file's header
+    alike (the simulation itself is the same)."""
+    edit_manifest(run_dir, lambda m: m["engines"][engine].update(async_scheduling=True))
+    path = Path(run_dir) / "engines" / engine / "events.rbev"
+    ev = read_engine_events(path)
+    with EventFileWriter(path, {**ev.meta, "async_scheduling": True}, version=ev.version) as w:
+        for s in ev.strings:
+            w.intern(s)
+        if len(ev.steps):
+            w.write_steps(ev.steps)
+        w.write_block(ev.records)
+
+
+def all_promises_run(run_dir: Path, *, waiting: bool = True, max_tokens: int = 60) -> Path:
+    """A run whose phases exercise every promise the verdict counts: the seed experiment on a sync and an
+    async limiter-on engine, isolation, cancellation, the waiting scenario (``waiting``: its idle, busy and
+    waiting phases, the EngineCore's CPU time measured) and the overhead rounds (judged only with a
+    ``max_overhead`` threshold)."""
+    from ratebench.synth import overhead_engines, overhead_phases
+
+    n = [0]
+
+    def cid() -> str:
+        n[0] += 1
+        return f"rb-5e1f0001-{n[0]}"
+
+    def reqs(user, streams, tokens=max_tokens, **kw):
+        return [SimRequest(cid(), user, i, tokens, **kw) for i in range(streams)]
+
+    limits = {"user-a": 20, "user-c": 1000, "slow": 10, "probe": 100000, "bulk": 100000}
+    sync = SimEngine("patched-sync", default_tps=100, user_tps=dict(limits))
+    asyn = SimEngine("patched-async", default_tps=100, user_tps=dict(limits))
+    ua = {"limit_tps": 20, "streams": 2, "backlogged": True}
+    phases = [SimPhase("seed-experiment", "seed-experiment", "2-streams", e.name, "measure", {"user-a": ua},
+                       reqs("user-a", 2)) for e in (sync, asyn)]
+    uc = {"limit_tps": 1000, "streams": 2, "backlogged": False}
+    phases += [
+        SimPhase("isolation", "isolation", "baseline", sync.name, "baseline", {"user-c": uc}, reqs("user-c", 2)),
+        SimPhase("isolation", "isolation", "shared", sync.name, "shared",
+                 {"user-c": uc, "user-a": {**ua, "backlogged": False}},
+                 reqs("user-c", 2) + reqs("user-a", 2, tokens=10)),
+        SimPhase("cancellation", "cancellation", "cancel", sync.name, "measure",
+                 {"user-b": {"limit_tps": 100, "streams": 2, "backlogged": False}},
+                 reqs("user-b", 1) + reqs("user-b", 1, cancel_after_ns=300_000_000)),
+    ]
+    if waiting:
+        probe = {"limit_tps": 100000, "streams": 2, "backlogged": False}
+        phases += [
+            SimPhase("waiting", "waiting", "idle", sync.name, "baseline", {"probe": probe},
+                     reqs("probe", 2, tokens=4)),
+            SimPhase("waiting", "waiting", "busy", sync.name, "steps", {"probe": probe}, reqs("probe", 2)),
+            SimPhase("waiting", "waiting", "waiting", sync.name, "waiting",
+                     {"slow": {"limit_tps": 10, "streams": 3, "backlogged": True}, "probe": probe},
+                     reqs("slow", 2, tokens=10) + reqs("slow", 1, tokens=10, cancel_after_ns=400_000_000)
+                     + reqs("probe", 2, tokens=4, arrive_offset_ns=300_000_000)),
+        ]
+    roles = overhead_engines(sync)
+    phases += overhead_phases(roles, cid, max_tokens=max_tokens)
+    engines = [sync, asyn, *(e for e in roles.values() if e is not sync)]
+    run = write_run_folder(run_dir, engines, phases)
+    set_async_scheduling(run, asyn.name)
+    if waiting:
+        # the EngineCore's CPU time: an idle engine keeps 0.01 CPUs busy, a step costs 2 ms, waiting adds nothing
+        def cpu(entries):
+            for p in entries:
+                if p["scenario"] == "waiting":
+                    wall = (p["end_ns"] - p["start_ns"]) / 1e9
+                    p["engine_core_cpu_s"] = round(0.01 * wall + 0.002 * _steps(run, p), 6)
+        edit_scenarios(run, cpu)
+    return run
+
+
+def _steps(run: Path, phase: dict) -> int:
+    """Engine steps of a phase: its distinct emit times on its engine."""
+    from ratebench.events import KIND_EMIT
+
+    rec = read_engine_events(Path(run) / "engines" / phase["engine"] / "events.rbev").records
+    t = rec["t_ns"][(rec["kind"] == KIND_EMIT) & (rec["t_ns"] >= phase["start_ns"]) & (rec["t_ns"] <= phase["end_ns"])]
+    return len(np.unique(t))

@@ -13,6 +13,10 @@ from hypothesis import strategies as st
 from ratebench.analysis.spacing import check_spacing, worst_deficit
 from ratebench.analysis.steps import step_periods
 from ratebench.analysis.verdict import Thresholds
+from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH
+from ratebench.verify import verify_run
+from ratebench.synth import SimRequest
+from synthetic_runs import one_phase_run, rewrite_events
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -170,3 +174,35 @@ def test_limiters_that_release_late_or_in_clumps_fail(kind, neighbour_busy, limi
                                           neighbour_busy, 7)
     deficit, allowance, judged = judge(limit_tps, d_t, d_req, s_start, s_end)
     assert judged and deficit > allowance, (deficit, allowance)
+
+
+def _drop_the_last_emit_of_stream_0(run_dir, *, cancelled: bool) -> None:
+    """Stream 0's last charge gets no emit: its client cancelled it between the two (finish reason
+    abort, the design's accepted over-charge) or, without the cancel, the engine lost an emit."""
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+
+    def edit(recs, strings):
+        req0 = next(i for i, s in enumerate(strings) if "rb-5e1f0001-0" in s)
+        emits = np.flatnonzero((recs["req"] == req0) & (recs["kind"] == KIND_EMIT))
+        last = emits[np.argmax(recs["t_ns"][emits])]
+        fin = (recs["req"] == req0) & (recs["kind"] == KIND_FINISH)
+        recs["count"][fin] -= 1
+        if cancelled:
+            recs["reason"][fin] = 3
+        return np.delete(recs, last)
+
+    rewrite_events(path, edit)
+
+
+@pytest.mark.parametrize("cancelled", [True, False], ids=["cancelled", "lost"])
+def test_a_charge_the_clients_cancel_left_without_an_emit_counts_at_its_dispatch(tmp_path, cancelled):
+    """even-spacing-emit: a stream closed between a charge and its emit spent the budget at the charge
+    (accepted over-charge); the same missing emit without the cancel is the engine's loss and fails."""
+    reqs = [SimRequest("rb-5e1f0001-0", "user-a", 0, 30), SimRequest("rb-5e1f0001-1", "user-a", 1, 90)]
+    run_dir = one_phase_run(tmp_path / "run", limit_tps=50, streams=2, requests=reqs)
+    _drop_the_last_emit_of_stream_0(run_dir, cancelled=cancelled)
+    verdict = verify_run(run_dir, plots=False)
+    emit = next(c for c in verdict.checks if c.name == "even-spacing-emit" and c.user == "user-a")
+    dispatch = next(c for c in verdict.checks if c.name == "even-spacing-dispatch" and c.user == "user-a")
+    assert dispatch.passed, dispatch.explanation
+    assert emit.passed is cancelled, emit.explanation

@@ -96,7 +96,7 @@ def test_plots_of_an_earlier_layout_are_removed_on_a_second_verify(tmp_path):
 def test_verdict_and_failures_come_first_and_checks_are_one_row_per_kind(tmp_path):
     verdict = analyse_run(standard_run(tmp_path / "run", limiter="burst-1s")).verdict
     report = render_report(verdict)
-    assert report.startswith("# ratebench verdict: FAIL\n")
+    assert report.startswith("# ratebench verdict: FAIL, broken: the bound; ")
     heads = re.findall(r"^## (.+)$", report, flags=re.M)
     assert heads[0] == "Failures"
     checks = _section(report, "## Checks")

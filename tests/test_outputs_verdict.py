@@ -1,20 +1,24 @@
-"""Reading a verdict: the terminal tables keep every row's names whole at 100 columns, and each failure
-says which promise broke and where to look, in the console and in report.md alike."""
+"""Reading a verdict: the terminal tables keep every row's names whole at 100 columns, each failure
+says which promise broke and where to look, in the console and in report.md alike, and the first line
+of every output says which promises the run exercised."""
 
 from __future__ import annotations
 
+import html as html_lib
+import json
 import re
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from ratebench.analysis.verdict import Thresholds
 from ratebench.outputs.console import print_verdict
 from ratebench.outputs.markdown import render_report
-from ratebench.outputs.promises import CHECKS, PROMISES
+from ratebench.outputs.promises import CHECKS, PROMISE_NAMES, PROMISES, VERDICT_PROMISES, headline, promise_coverage
 from ratebench.synth import standard_run
-from ratebench.verify import analyse_run, verify_run
-from synthetic_runs import one_phase_run
+from ratebench.verify import EXIT_PASSED, analyse_run, exit_code, verify_run
+from synthetic_runs import all_promises_run, one_phase_run
 
 # every check the verifier makes, the lead's new ones included
 CHECK_NAMES = (
@@ -105,3 +109,99 @@ def test_the_plot_a_failure_points_to_exists(tmp_path):
     looks = re.findall(r"Look: (plots/[^;.]+\.png)", report)
     assert looks and all((Path(run) / p).is_file() for p in looks)
     assert verdict.failures
+
+
+# which promises a run exercised (DESIGN.md section 5, two witnesses: "A PASS names the promises its phases
+# did not exercise"), in all four outputs
+
+@pytest.fixture(scope="module")
+def without_waiting(tmp_path_factory):
+    """Every promise but waiting costs nothing exercised; verdict.json, report.md and report.html written."""
+    run = all_promises_run(tmp_path_factory.mktemp("nowait") / "run", waiting=False)
+    return run, verify_run(run, Thresholds(max_overhead=0.5), plots=False)
+
+
+def _first_lines(run: Path, verdict) -> dict[str, str]:
+    page = (run / "report.html").read_text()
+    banner = re.search(r'<h1 class="outcome"[^>]*>(.*?)</h1>', page).group(1)
+    return {
+        "console": rendered(verdict, width=400).splitlines()[0],
+        "report.md": (run / "report.md").read_text().splitlines()[0].removeprefix("# ratebench verdict: "),
+        "report.html": html_lib.unescape(re.sub(r"<[^>]+>", "", banner)).removeprefix("ratebench verdict: "),
+        "verdict.json": json.loads((run / "verdict.json").read_text())["headline"],
+    }
+
+
+def test_a_run_without_waiting_checks_says_so_on_the_first_line_of_every_output(without_waiting):
+    run, verdict = without_waiting
+    assert verdict.passed and exit_code(verdict) == EXIT_PASSED  # an unexercised promise is no failure
+    want = "PASS, 11 of 12 promises exercised; not exercised: waiting costs nothing"
+    assert _first_lines(run, verdict) == dict.fromkeys(("console", "report.md", "report.html", "verdict.json"), want)
+    lines = rendered(verdict, width=400).splitlines()
+    assert "not exercised waiting costs nothing: none of its checks was made (wait-cpu, wake-first-token, " \
+           "wake-abort)" in lines
+    assert lines[-1].startswith("PASS: ") and lines[-1].endswith("; " + want.removeprefix("PASS, "))
+    report = (run / "report.md").read_text()
+    assert "| waiting costs nothing | **no** | 0 | 0 | none of its checks was made" in report
+
+
+def test_verdict_json_lists_every_promise(without_waiting):
+    run, _ = without_waiting
+    promises = json.loads((run / "verdict.json").read_text())["promises"]
+    assert [p["key"] for p in promises] == list(VERDICT_PROMISES)
+    assert set(promises[0]) == {"key", "name", "words", "exercised", "checks_judged", "checks_failed", "how"}
+    by_name = {p["name"]: p for p in promises}
+    assert [n for n, p in by_name.items() if not p["exercised"]] == ["waiting costs nothing"]
+    assert by_name["the bound"]["checks_judged"] > 0 and by_name["the bound"]["checks_failed"] == 0
+    assert by_name["the bound"]["words"] == PROMISES["6"]
+    assert "async: patched-async" in by_name["sync and async scheduling"]["how"]
+    assert "engine-as-asked on feature-off-sync" in by_name["feature off = upstream"]["how"]
+
+
+def test_a_run_that_exercises_everything_says_so(tmp_path):
+    run = all_promises_run(tmp_path / "run")
+    verdict = verify_run(run, Thresholds(max_overhead=0.5), plots=False)
+    assert verdict.passed
+    want = "PASS, 12 of 12 promises exercised"
+    assert _first_lines(run, verdict) == dict.fromkeys(("console", "report.md", "report.html", "verdict.json"), want)
+    assert all(p["exercised"] for p in json.loads((run / "verdict.json").read_text())["promises"])
+
+
+def test_sync_and_async_need_judged_checks_on_both_modes_limiter_on_engines(tmp_path):
+    verdict = analyse_run(all_promises_run(tmp_path / "run", waiting=False), Thresholds(max_overhead=0.5)).verdict
+    assert verdict.engine_async_scheduling["patched-async"] is True  # its event file's header
+
+    def five():
+        return next(p for p in promise_coverage(verdict) if p.key == "5")
+
+    assert five().exercised
+    verdict.engine_async_scheduling["patched-async"] = False  # the header wins over the name
+    assert not five().exercised and "no judged check on an async limiter-on engine" in five().how
+    del verdict.engine_async_scheduling["patched-async"]  # no header: the name tells
+    assert five().exercised
+    # engine-as-asked alone (it says how an engine ran) does not exercise a mode
+    verdict.checks = [c for c in verdict.checks if c.engine != "patched-async" or c.name == "engine-as-asked"]
+    assert not five().exercised
+
+
+def test_information_only_checks_exercise_nothing(good_verdict):
+    # the standard run: sync engines only, no waiting scenario, the overhead reported without a threshold
+    coverage = {p.name: p for p in promise_coverage(good_verdict)}
+    assert coverage["overhead"].how == "its checks were information only (overhead)"
+    assert headline(good_verdict) == ("PASS, 9 of 12 promises exercised; not exercised: sync and async "
+                                      "scheduling, waiting costs nothing, overhead")
+
+
+def test_a_fail_names_the_broken_promises_first(broken_verdict):
+    line = rendered(broken_verdict, width=400).splitlines()[0]
+    assert line == headline(broken_verdict)
+    assert line.startswith("FAIL, broken: the bound; ") and "promises exercised" in line
+    assert render_report(broken_verdict).startswith(f"# ratebench verdict: {line}\n")
+
+
+def test_promises_have_short_names_the_headline_can_list():
+    assert set(VERDICT_PROMISES) <= set(PROMISES) and set(PROMISE_NAMES) == set(PROMISES)
+    assert not any("," in n or ";" in n for n in PROMISE_NAMES.values())
+    # every promise the verdict counts has a check that guards it
+    guarded = {k for m in CHECKS.values() for k in (m.promise, *m.also)}
+    assert set(VERDICT_PROMISES) <= guarded

@@ -35,9 +35,9 @@ from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
 from ratebench.analysis.witness import WitnessResult, witness_figures
 from ratebench.analysis.bound import BURST_NS
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, UserPhaseSummary
-from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT
+from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH
 
-FINISH_STOP, FINISH_LENGTH = 1, 2  # events.FINISH_REASONS codes
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = 1, 2, 3  # events.FINISH_REASONS codes
 
 ANONYMOUS = "__anonymous__"
 
@@ -166,6 +166,23 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
         e_t, e_req, e_user, e_c = e_t[keep], e_req[keep], e_user[keep], e_c[keep]
     e_unit = bool(len(e_c) == 0 or e_c.max() == 1)
 
+    # Charges that a client's cancel left without an emit (DESIGN's accepted over-charge: a step already
+    # dispatched when the client cancels): even spacing on emit events counts each as emitted at its
+    # dispatch, as the budget was spent then (a stream the scenario closes between a charge and its
+    # emit made a window 2 tokens short of a user whose dispatch side was even).
+    fin = kind == KIND_FINISH
+    aborted = np.zeros(n_codes, dtype=bool)
+    aborted[req_col[fin][recs["reason"][fin] == FINISH_ABORT]] = True
+    lost = np.where(aborted, np.bincount(d_req, minlength=n_codes)
+                    - np.bincount(e_req, weights=e_c, minlength=n_codes).astype(np.int64), 0)
+    lost_t_parts, lost_req_parts = [], []
+    for code in np.flatnonzero(lost > 0):
+        times = np.sort(d_t[d_req == code])[-int(lost[code]):]
+        lost_t_parts.append(times)
+        lost_req_parts.append(np.full(len(times), code, dtype=d_req.dtype))
+    lost_t = np.concatenate(lost_t_parts) if lost_t_parts else np.empty(0, dtype=d_t.dtype)
+    lost_req = np.concatenate(lost_req_parts) if lost_req_parts else np.empty(0, dtype=d_req.dtype)
+
     lap("columns")
     # per-request groupings, shared by the step estimate and the per-request gaps
     d_by_req, e_by_req = group_by(d_req), group_by(e_req)
@@ -263,7 +280,17 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
             spacing = None
             if row.backlogged and row.limit_tps and steps is not None:
                 starts, periods, worked, longest_latency = steps
-                spacing = check_spacing(tg, rg, row.limit_tps, starts, periods, worked, counts=cg,
+                ts, rs, cs = tg, rg, cg
+                if label == "emit" and len(lost_t):
+                    sel = np.isin(lost_req, rg)
+                    if sel.any():  # the cancelled requests' charges without an emit, at their dispatch
+                        ts = np.concatenate([tg, lost_t[sel]])
+                        rs = np.concatenate([rg, lost_req[sel]])
+                        if cg is not None:
+                            cs = np.concatenate([cg, np.ones(int(sel.sum()), dtype=cg.dtype)])
+                        o = np.argsort(ts, kind="stable")
+                        ts, rs, cs = ts[o], rs[o], None if cs is None else cs[o]
+                spacing = check_spacing(ts, rs, row.limit_tps, starts, periods, worked, counts=cs,
                                         shift_ns=longest_latency if label == "emit" else 0)
             if label == "dispatch":
                 row.spacing_dispatch = spacing

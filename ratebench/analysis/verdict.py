@@ -187,6 +187,10 @@ class Verdict:
     missing_phases: list[MissingPhase] = field(default_factory=list)  # phases not checked, and why
     # analysis.tierlatency.TierLatency per tier of each many-user phase (a mix), beside its baseline
     tier_latency: list = field(default_factory=list)
+    # engine -> async_scheduling as its event file's header says the engine ran (engines with an event file
+    # whose header tells): with the engine names' -sync/-async, which modes promise 5 was exercised in
+    # (outputs/promises.py)
+    engine_async_scheduling: dict[str, bool] = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Check]:

@@ -1,4 +1,5 @@
-"""The terminal: one table per scenario and engine (a row per phase and user), then each failure
+"""The terminal: first the verdict's headline (the outcome, the broken promises, the promises the
+run exercised and not), then one table per scenario and engine (a row per phase and user), then each failure
 with the promise it broke and where to look, then the rest. A phase of many users (a ``mix``, see
 ``outputs/tiers.py``) is shown by tier: a line per tier with the worst user of each check, then
 only its failing users' rows; after a scenario's tables, each such phase's latency by tier beside
@@ -18,7 +19,13 @@ from rich.table import Table
 
 from ratebench.analysis.verdict import UserPhaseSummary, Verdict
 from ratebench.outputs.format import FIGURE_COLUMNS, check_where, figure_cells, threshold_items
-from ratebench.outputs.promises import failures_by_promise
+from ratebench.outputs.promises import (
+    PromiseCoverage,
+    failures_by_promise,
+    headline,
+    promise_clause,
+    promise_coverage,
+)
 from ratebench.outputs.tiers import (
     LATENCY_SHORT,
     LatencyRow,
@@ -178,6 +185,8 @@ def legend() -> str:
 
 def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
     console = console or default_console()
+    coverage = promise_coverage(verdict)
+    console.print(_headline(verdict, coverage))
     head = f"[bold]ratebench verify-bound[/] {escape(verdict.run_dir)}"
     if verdict.partial:
         n = len({(r.scenario, r.phase, r.engine) for r in verdict.rows})
@@ -188,6 +197,7 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
         console.print()
         console.print(table)
     _print_failures(verdict, console)
+    _print_unexercised(coverage, console)
     if verdict.missing_phases:
         console.print(f"[bold yellow]PARTIAL[/]: {len(verdict.missing_phases)} phases not checked:")
         for m in verdict.missing_phases:
@@ -204,7 +214,25 @@ def print_verdict(verdict: Verdict, console: Console | None = None) -> None:
                           f"(spread {p.min:.3f}..{p.max:.3f} over {p.rounds} rounds), pooled {o.ratios[pair]:.3f}")
     for w in verdict.warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}")
-    console.print(_outcome_line(verdict))
+    console.print(f"{_outcome_line(verdict)}; {escape(promise_clause(verdict, coverage))}")
+
+
+_OUTCOME_STYLE = {"PASS": "bold green", "PARTIAL": "bold yellow"}
+
+
+def _headline(verdict: Verdict, coverage: list[PromiseCoverage]) -> str:
+    """The first line: the outcome in its colour, then the broken and the unexercised promises."""
+    text = headline(verdict, coverage)
+    word = verdict.outcome
+    style = _OUTCOME_STYLE.get(word, "bold red")
+    return f"[{style}]{escape(word)}[/]{escape(text[len(word):])}"
+
+
+def _print_unexercised(coverage: list[PromiseCoverage], console: Console) -> None:
+    """Each promise the run's phases did not exercise, and why (not a failure)."""
+    for p in coverage:
+        if not p.exercised:
+            console.print(f"[yellow]not exercised[/] {escape(p.name)}: {escape(p.how)}")
 
 
 def _print_failures(verdict: Verdict, console: Console) -> None:

@@ -19,6 +19,7 @@ _CSS = """
 body { font: 14px/1.45 -apple-system, "Segoe UI", "DejaVu Sans", Helvetica, Arial, sans-serif; color: #1a1a1a;
        margin: 0 auto; max-width: 1240px; padding: 0 20px 40px; background: #fff; }
 .outcome { color: #fff; padding: 18px 22px; margin: 16px 0 10px; border-radius: 6px; font-size: 28px; }
+.outcome .promises { font-size: 17px; font-weight: normal; }
 h2 { border-bottom: 1px solid #ddd; padding-bottom: 3px; margin-top: 28px; font-size: 20px; }
 code { background: #f2f2f2; padding: 0 3px; border-radius: 3px; font-size: 12.5px; word-break: break-all; }
 .table { overflow-x: auto; margin: 8px 0 12px; }
@@ -74,8 +75,10 @@ def render_blocks(blocks: list[Block], title: str = "ratebench verdict") -> str:
     for b in blocks:
         if isinstance(b, Outcome):
             colour = OUTCOME_COLOURS.get(b.outcome, "#555555")
+            rest = b.headline[len(b.outcome):] if b.headline.startswith(b.outcome) else ""
+            rest = f"<span class=\"promises\">{html.escape(rest)}</span>" if rest else ""
             body.append(f"<h1 class=\"outcome\" style=\"background: {colour}\">ratebench verdict: "
-                        f"{html.escape(b.outcome)}</h1>")
+                        f"{html.escape(b.outcome)}{rest}</h1>")
         elif isinstance(b, Heading):
             body.append(f"<h{b.level}>{inline(b.text)}</h{b.level}>")
         elif isinstance(b, Text):

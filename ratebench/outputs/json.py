@@ -10,17 +10,24 @@ import orjson
 from ratebench import __version__
 from ratebench._io import atomic_write_bytes
 from ratebench.analysis.verdict import Verdict
+from ratebench.outputs.promises import headline, promise_coverage
 
 SCHEMA = "ratebench.verdict/1"
 _OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
 
 
 def _header(verdict: Verdict) -> dict:
+    coverage = promise_coverage(verdict)
     return {
         "schema": SCHEMA,
         "ratebench_version": __version__,
         "passed": verdict.passed,  # false for a partial verdict (see "partial" and "missing_phases")
         "outcome": verdict.outcome,  # PASS, FAIL, PARTIAL or FAIL (PARTIAL)
+        # the first line of every output: the outcome, the broken promises, the promises exercised and not
+        "headline": headline(verdict, coverage),
+        # every promise of DESIGN.md sections 1 and 5: {key, name, words, exercised, checks_judged,
+        # checks_failed, how}
+        "promises": [p.__dict__ for p in coverage],
         "counts": {
             "checks": len(verdict.checks),
             "failed": len(verdict.failures),

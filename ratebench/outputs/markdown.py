@@ -21,7 +21,7 @@ def render_blocks(blocks: list[Block]) -> str:
     out = []
     for b in blocks:
         if isinstance(b, Outcome):
-            out.append(f"# ratebench verdict: {b.outcome}\n")
+            out.append(f"# ratebench verdict: {b.headline or b.outcome}\n")
         elif isinstance(b, Heading):
             out.append(f"{'#' * b.level} {b.text}\n")
         elif isinstance(b, Text):

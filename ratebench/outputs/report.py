@@ -1,11 +1,12 @@
 """What report.md and report.html say, in order, as plain blocks each format renders.
 
-The order: the verdict; the failures, by the promise each broke; a partial run's missing
+The order: the verdict (its headline: the outcome, the broken promises, the promises exercised and
+not); the failures, by the promise each broke; a partial run's missing
 phases; warnings; the run; the phases of many users by tier (the worst user of each check) and
 their latency by tier beside their baseline; the users table (the overhead rounds collapsed into
 the overhead table of paired ratios, the passing users of the phases of many users into their
 tiers: verdict.json keeps every row); inter-token gaps; the whole-file bound (by tier for many
-users); the checks, one row per kind; the plots; the definitions. Inline text may hold ``**bold**``
+users); the promises, exercised or not; the checks, one row per kind; the plots; the definitions. Inline text may hold ``**bold**``
 and ```code``` (markdown's).
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ratebench.analysis.verdict import Check, OverheadSummary, Verdict
 from ratebench.outputs.format import ROW_COLUMNS, check_where, in_rounds, overrides_text, row_cells, threshold_items
-from ratebench.outputs.promises import failures_by_promise, meaning
+from ratebench.outputs.promises import failures_by_promise, headline, meaning, promise_coverage
 from ratebench.outputs.tiers import (
     LATENCY_HEADER,
     LATENCY_INTRO,
@@ -34,6 +35,7 @@ class Outcome:
     """The verdict's word: the report's title."""
 
     outcome: str  # PASS, FAIL, PARTIAL or FAIL (PARTIAL)
+    headline: str = ""  # the title: the outcome, broken promises, promises exercised (promises.headline)
 
 
 @dataclass
@@ -171,7 +173,8 @@ def report_blocks(verdict: Verdict, plot_paths: list[Path] | None = None,
     """The report's content, in order (``plot_paths`` relative to ``base_dir`` in the text)."""
     v = verdict
     ms = v.manifest_summary
-    out: list[Block] = [Outcome(v.outcome)]
+    coverage = promise_coverage(v)
+    out: list[Block] = [Outcome(v.outcome, headline(v, coverage))]
     n_info = sum(c.passed is None for c in v.checks)
     out.append(Text(f"Run `{v.run_dir}`, id `{v.run_id}`, profile `{v.profile_name}`. "
                     f"{len(v.checks) - n_info} checks, {len(v.failures)} failed, {n_info} informational."))
@@ -200,6 +203,7 @@ def report_blocks(verdict: Verdict, plot_paths: list[Path] | None = None,
         out += _overhead(v, o)
     out += _gaps(v)
     out += _whole_file_bounds(v)
+    out += _promises(coverage)
     out += _checks(v)
     if plot_paths:
         out += [Heading(2, "Plots"), Text(PLOTS_INTRO)]
@@ -208,6 +212,18 @@ def report_blocks(verdict: Verdict, plot_paths: list[Path] | None = None,
             out.append(Image(p, os.path.relpath(p, base_dir) if base_dir else str(p), p.stem))
     out += [Heading(2, "Definitions"), _definitions()]
     return out
+
+
+def _promises(coverage) -> list[Block]:
+    """Every promise the verdict counts: exercised by this run's phases or not, and how that was decided."""
+    rows = [[p.name, "yes" if p.exercised else "**no**", str(p.checks_judged),
+             f"**{p.checks_failed}**" if p.checks_failed else "0", p.how, p.words] for p in coverage]
+    return [Heading(2, "Promises"),
+            Text("A promise is exercised when at least one check guarding it was judged (passed or failed, not "
+                 "information only) in this run; sync and async scheduling when checks were judged on both a "
+                 "synchronous and an asynchronous limiter-on engine (its event file's header, else its name). "
+                 "`ratebench/outputs/promises.py` maps each check to the promises it guards."),
+            Table(["promise", "exercised", "checks judged", "failed", "how decided", "in words"], rows)]
 
 
 def _run(v: Verdict) -> list[Block]:
