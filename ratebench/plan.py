@@ -129,6 +129,40 @@ class PlannedPhase:
 
 
 @dataclass
+class Reach:
+    """Whether a user's limit is reachable with its streams on the profile's reference step."""
+
+    phase: PlannedPhase
+    user: str
+    streams: int
+    limit_tps: int
+    batch: int  # requests in a step: the phase's streams, at most the active places
+    step_ms: float
+    max_tps: float  # streams x 1000 / step_ms: a stream gets at most one token a step
+
+    @property
+    def reachable(self) -> bool:
+        return self.max_tps >= self.limit_tps
+
+
+def reachability(plan: "RunPlan") -> list[Reach]:
+    """For every limiter-on phase's users whose budgets set its length: the most its streams can get
+    at the profile's reference decode step (``engine.reference_step_ms``); empty without one."""
+    flags = plan.profile.engine
+    out = []
+    for ph in plan.phases:
+        users = ph.estimate.users
+        if not users:
+            continue
+        batch = min(sum(n for _, n, _ in users), flags.max_num_active_seqs)
+        step_ms = flags.step_ms_at(batch)
+        if step_ms is None:
+            return []
+        out += [Reach(ph, user, n, limit, batch, step_ms, n * 1000.0 / step_ms) for user, n, limit in users]
+    return out
+
+
+@dataclass
 class RunPlan:
     """What ``ratebench run`` would do with these options."""
 

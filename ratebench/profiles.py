@@ -32,6 +32,10 @@ Schema (every key is checked; unknown keys are errors)::
     extra_args = []                   # more `vllm serve` flags, verbatim
     env = {}                          # environment variables for the engine
     cpu_async_overlay = false         # CPU: async engines keep --async-scheduling (ratebench/cpu_async.py)
+    # optional: the model's decode step on this device by batch size (requests), in ms; --dry-run then
+    # says for every user of a phase whether its limit is reachable with its streams (a stream gets
+    # at most one token a step)
+    reference_step_ms = { "1" = 16.4, "64" = 21.5 }
 
     [limits]
     default_tps = 100                 # --default-user-output-tokens-per-second
@@ -114,6 +118,22 @@ class EngineFlags:
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     cpu_async_overlay: bool = False  # async engines run through ratebench/cpu_async.py (device "cpu" only)
+    # the decode step by batch size (requests -> ms), for the dry run's reachability of the limits
+    reference_step_ms: dict[int, float] = field(default_factory=dict)
+
+    def step_ms_at(self, batch: int) -> float | None:
+        """The reference decode step at ``batch`` requests: linear between the given sizes, the nearest
+        one's outside them; None without a table."""
+        if not self.reference_step_ms:
+            return None
+        sizes = sorted(self.reference_step_ms)
+        if batch <= sizes[0]:
+            return self.reference_step_ms[sizes[0]]
+        for lo, hi in zip(sizes, sizes[1:]):
+            if batch <= hi:
+                a, b = self.reference_step_ms[lo], self.reference_step_ms[hi]
+                return a + (b - a) * (batch - lo) / (hi - lo)
+        return self.reference_step_ms[sizes[-1]]
 
 
 @dataclass
@@ -468,7 +488,18 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
 
     e = v.table(data, "engine")
     v.keys(e, "engine", {"max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
-                         "enable_prefix_caching", "extra_args", "env", "cpu_async_overlay"}, required={"max_num_seqs", "max_num_active_seqs"})
+                         "enable_prefix_caching", "extra_args", "env", "cpu_async_overlay", "reference_step_ms"},
+           required={"max_num_seqs", "max_num_active_seqs"})
+    steps = e.get("reference_step_ms", {})
+    if not isinstance(steps, dict):
+        raise ProfileError(path, "engine.reference_step_ms", 'a table of batch size to ms, e.g. { "1" = 16.4 }', steps)
+    reference_step_ms: dict[int, float] = {}
+    for key, ms in steps.items():
+        if not (str(key).isdigit() and int(key) > 0):
+            raise ProfileError(path, f"engine.reference_step_ms.{key}", "a batch size: a positive integer", key)
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or ms <= 0:
+            raise ProfileError(path, f"engine.reference_step_ms.{key}", "a positive number of milliseconds", ms)
+        reference_step_ms[int(key)] = float(ms)
     extra_args = e.get("extra_args", [])
     if not (isinstance(extra_args, list) and all(isinstance(a, str) for a in extra_args)):
         raise ProfileError(path, "engine.extra_args", "a list of strings", extra_args)
@@ -484,6 +515,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
         extra_args=list(extra_args),
         env=dict(env),
         cpu_async_overlay=v.get(e, "engine", "cpu_async_overlay", "bool", False),
+        reference_step_ms=reference_step_ms,
     )
     if engine.cpu_async_overlay and device != "cpu":
         raise ProfileError(path, "engine.cpu_async_overlay", 'false unless profile.device is "cpu"', True)

@@ -16,7 +16,7 @@ import json
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -137,6 +137,8 @@ class PhaseEstimate:
 
     at_least_s: float | None  # None: no limit binds, the engine's speed sets the duration
     basis: str  # how it was derived, in words
+    # (user, streams, limit) of the users whose budgets set it: the dry run's reachability
+    users: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -193,14 +195,15 @@ def _at_limits(limits: Limits | None, budgets: list[tuple[str | None, int, int]]
     burst left out); the phase lasts as long as its slowest user, plus ``wait_s`` (``wait`` says what)."""
     if limits is None:
         return PhaseEstimate(None, "limiter off: the engine's speed sets it")
-    seconds, parts = [], []
+    seconds, parts, users = [], [], []
     for user, streams, tokens in budgets:
         limit = limits.limit_of(user)
+        users.append((user or ANONYMOUS_USER, streams, limit))
         seconds.append(streams * tokens / limit)
         parts.append(f"{user or ANONYMOUS_USER} {streams} x {tokens} tok at {limit} tok/s: {seconds[-1]:.1f} s")
     if wait_s:
         parts.append(f"{wait} {wait_s:g} s")
-    return PhaseEstimate(max(seconds) + wait_s, "; ".join(parts))
+    return PhaseEstimate(max(seconds) + wait_s, "; ".join(parts), users)
 
 
 def seed_experiment(spec: ScenarioSpec) -> list[PhasePlan]:

@@ -294,3 +294,26 @@ def test_an_isolated_mix_tier_needs_the_baseline_phase() -> None:
     mix["baseline"] = False
     team = next(k for k, t in enumerate(mix["tiers"]) if t.get("isolated"))
     _refused(data, f"scenarios[{i}].tiers[{team}].isolated", "baseline = true with it")
+
+
+@pytest.mark.parametrize(("steps", "key", "expected"), [
+    ({"0": 16.4}, "engine.reference_step_ms.0", "a batch size"),
+    ({"one": 16.4}, "engine.reference_step_ms.one", "a batch size"),
+    ({"1": -3}, "engine.reference_step_ms.1", "a positive number of milliseconds"),
+    ({"1": True}, "engine.reference_step_ms.1", "a positive number of milliseconds"),
+    ([16.4], "engine.reference_step_ms", "a table of batch size to ms"),
+])
+def test_a_bad_reference_step_table_is_refused_naming_the_key(steps, key, expected) -> None:
+    data = _cpu_tiny()
+    data["engine"]["reference_step_ms"] = steps
+    _refused(data, key, expected)
+
+
+def test_the_reference_step_is_linear_between_the_given_batch_sizes_and_flat_outside() -> None:
+    data = _cpu_tiny()
+    data["engine"]["reference_step_ms"] = {"1": 16.0, "64": 22.3, "128": 26.0}
+    flags = parse_profile(data, "my.toml").engine
+    assert flags.step_ms_at(1) == 16.0 and flags.step_ms_at(0) == 16.0
+    assert flags.step_ms_at(32) == pytest.approx(16.0 + 6.3 * 31 / 63)
+    assert flags.step_ms_at(96) == pytest.approx(24.15) and flags.step_ms_at(1000) == 26.0
+    assert parse_profile(_cpu_tiny(), "my.toml").engine.step_ms_at(4) is None

@@ -144,6 +144,21 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
             f">= {ph.estimate.at_least_s:.1f} s"
         out.print(f"  {k:>3}. {escape(ph.scenario)}/{escape(ph.phase)} on {escape(ph.engine)}: {expected} "
                   f"({escape(ph.estimate.basis)})")
+    reach = plan.reachability(p)
+    if reach:
+        out.print(f"[bold]reachable limits[/] at the reference decode step (engine.reference_step_ms; a stream "
+                  f"gets at most one token a step, 1000 / step ms tok/s):")
+        for r in reach:
+            verdict = ("[green]reachable[/]" if r.reachable else
+                       "[dim]far above what its streams get: never binds[/]" if r.limit_tps > 5 * r.max_tps else
+                       "[bold red]NOT reachable[/]")
+            out.print(f"  {escape(r.phase.scenario)}/{escape(r.phase.phase)} on {escape(r.phase.engine)}: "
+                      f"{escape(r.user)} {r.limit_tps} tok/s with {r.streams} stream(s): at most "
+                      f"{r.max_tps:.0f} tok/s at a batch of {r.batch} ({r.step_ms:.1f} ms a step): {verdict}")
+        bad = sum(not r.reachable and r.limit_tps <= 5 * r.max_tps for r in reach)
+        if bad:
+            out.print(f"  [bold red]{bad} limit(s) the engine, not the budget, would set[/]: give those users more "
+                      f"streams, or lower their limits")
     by_engine = sum(ph.estimate.at_least_s is None for ph in p.phases)
     out.print(f"[bold]expected[/]: at least {p.at_least_s():.0f} s of phases"
               + (f", plus {by_engine} phase(s) the engine's speed sets" if by_engine else "")
