@@ -387,7 +387,7 @@ def test_an_api_server_that_trusts_the_openai_user_field_fails_identity(tmp_path
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()
-    assert {name for name, _ in _failed(verdict)} <= {"wait-cpu", "wake-first-token", "wake-abort",
+    assert {name for name, _ in _failed(verdict)} <= {"wait-cpu", "wait-steps", "wake-first-token", "wake-abort",
                                                      "even-spacing-emit", "even-spacing-dispatch"}, verdict.summary()
     (cpu,) = [c for c in verdict.checks if c.name == "wait-cpu"]
     assert cpu.figure > 0.3  # a core spinning, shared with the driver on two cores
@@ -399,7 +399,7 @@ def test_an_async_engine_that_polls_with_an_empty_batch_in_flight_fails_wait_cpu
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": ASYNC_POLLS_EMPTY_BATCHES},
                           _WAITING.replace('kind = "waiting"', 'kind = "waiting"\nscheduling = ["async"]'), "async")
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()
-    assert {name for name, _ in _failed(verdict)} <= {"wait-cpu", "wake-first-token", "wake-abort",
+    assert {name for name, _ in _failed(verdict)} <= {"wait-cpu", "wait-steps", "wake-first-token", "wake-abort",
                                                      "even-spacing-emit", "even-spacing-dispatch"}, verdict.summary()
     (cpu,) = [c for c in verdict.checks if c.name == "wait-cpu"]
     assert cpu.engine.endswith("async")

@@ -26,7 +26,7 @@ CHECK_NAMES = (
     "reconciliation", "cancellation", "charge-parity", "stream-fairness", "isolation-rate", "isolation-ttft",
     "isolation-gap-p99", "isolation-ttft-p90", "isolation-ttft-p99", "isolation-e2e-p50", "isolation-e2e-p90",
     "isolation-e2e-p99", "isolation-gap-p50", "isolation-gap-p90", "isolation-binding", "overhead", "event-recording", "jain-fairness", "even-spacing-dispatch",
-    "even-spacing-emit", "identity", "wait-cpu", "wake-first-token", "wake-abort", "witness-order", "witness-emits",
+    "even-spacing-emit", "identity", "wait-cpu", "wait-steps", "wake-first-token", "wake-abort", "witness-order", "witness-emits",
 )
 
 
@@ -138,8 +138,8 @@ def test_a_run_without_waiting_checks_says_so_on_the_first_line_of_every_output(
     want = "PASS, 11 of 12 promises exercised; not exercised: waiting costs nothing"
     assert _first_lines(run, verdict) == dict.fromkeys(("console", "report.md", "report.html", "verdict.json"), want)
     lines = rendered(verdict, width=400).splitlines()
-    assert "not exercised waiting costs nothing: none of its checks was made (wait-cpu, wake-first-token, " \
-           "wake-abort)" in lines
+    assert "not exercised waiting costs nothing: none of its checks was made (wait-cpu, wait-steps, " \
+           "wake-first-token, wake-abort)" in lines
     assert lines[-1].startswith("PASS: ") and lines[-1].endswith("; " + want.removeprefix("PASS, "))
     report = (run / "report.md").read_text()
     assert "| waiting costs nothing | **no** | 0 | 0 | none of its checks was made" in report

@@ -13,6 +13,7 @@ from ratebench.analysis.pressure import SETTLE_NS, place_shares, stream_waits
 from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
+from ratebench.analysis.waiting import WAIT_CPU_MIN_SHARE, WAIT_MIN_NS, BudgetWait, budget_waits
 from ratebench.analysis.witness import WitnessResult
 from ratebench.analysis.workcons import work_conservation
 
@@ -111,6 +112,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_engines_as_asked(run))
     checks.extend(_identity(run, s))
     checks.extend(_waiting(s, th))
+    checks.extend(_budget_waits(run, s, th))
     checks.extend(isolation_checks(run, s, th))
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
@@ -274,6 +276,60 @@ def _waiting(s: RunSummary, th: Thresholds) -> list[Check]:
                              f"{len(w.abort_latency_ms)} streams closed while the engine waits: the abort reached "
                              f"the engine in p50 {p50:.1f} ms (max {max(w.abort_latency_ms):.1f} ms)"))
     return out
+
+
+def _budget_waits(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    """Every phase on a limiter-on engine with step records that waited for budget at least WAIT_MIN_NS in
+    all (analysis/waiting.py): wait-steps, the engine's re-wakes per second of waiting (a loop that
+    schedules while it waits), and wait-cpu, the EngineCore's CPU beyond an idle engine's and its steps',
+    per second of waiting (the waiting scenario's own waiting phase keeps its wait-cpu over the phase)."""
+    out = []
+    for w in budget_waits(run, s.steps_per_phase, s.waiting):
+        if w.wait_ns < WAIT_MIN_NS:
+            continue  # not exercised: too little waiting to measure
+        ids = (w.scenario, w.phase, w.engine, None)
+        waited = (f"{w.wait_s:.2f} s of {w.wall_s:.2f} s waiting for budget after {w.empty_steps} empty steps "
+                  f"(of {w.steps}; nothing scheduled, every request held by its user's budget; longest wait "
+                  f"{w.longest_wait_ns / 1e6:.1f} ms)")
+        polls = ("the engine's loop steps at a fixed cadence by construction (manifest.json engines."
+                 f"{w.engine}.loop = polls: the test harness), so its waiting is information only: ")
+        rate = w.rewakes_per_s
+        text = (f"{waited}: {w.rewakes} of them right after another empty step, {rate:.1f} per second of "
+                f"waiting (a blocked engine wakes every 50 ms at most when nothing comes: 20; a loop that "
+                f"schedules every millisecond: about 1,000)")
+        out.append(Check("wait-steps", *ids, round(rate, 3), th.wait_steps_max, "<=", "steps/s",
+                         None if w.loop_polls else rate <= th.wait_steps_max,
+                         polls + text if w.loop_polls else text))
+        if w.waiting_scenario:
+            continue  # its wait-cpu is the waiting scenario's (over the whole phase)
+        out.append(_wait_cpu(w, th, waited, polls))
+    return out
+
+
+def _wait_cpu(w: BudgetWait, th: Thresholds, waited: str, polls: str) -> Check:
+    ids = (w.scenario, w.phase, w.engine, None)
+    x = w.excess_cpus
+    if w.cpu_s is None:
+        why = "the EngineCore's CPU time was not measured (attached engine, or no EngineCore process found)"
+    elif w.model is None:
+        why = ("no idle and busy phases on this engine to price its steps and its idle loop (the waiting "
+               "scenario's); wait-steps judges the wait without them")
+    elif w.wait_share < WAIT_CPU_MIN_SHARE:
+        why = (f"waiting was {100 * w.wait_share:.0f} % of the phase, under {100 * WAIT_CPU_MIN_SHARE:.0f} %: "
+               f"an error in the modelled cost of its {w.sampling_steps} steps would swamp it "
+               f"({x:+.3f} CPUs per second of waiting measured)")
+    else:
+        why = None
+    if why is not None:
+        return Check("wait-cpu", *ids, None if x is None else round(x, 4), th.wait_cpu_max, "<=", "CPUs", None,
+                     f"{polls if w.loop_polls else ''}{waited}; not judged: {why}")
+    a, b = w.model
+    text = (f"{waited}; EngineCore spent {w.cpu_s:.2f} CPU-s over the phase with {w.sampling_steps} steps that "
+            f"sampled; an idle engine keeps {a:.3f} CPUs busy and a step costs {b * 1e3:.2f} ms ({w.model_from}): "
+            f"({w.cpu_s:.2f} - {a:.3f} x {w.wall_s:.2f} s - {b * 1e3:.2f} ms x {w.sampling_steps}) / "
+            f"{w.wait_s:.2f} s = {x:+.3f} CPUs per second of waiting")
+    return Check("wait-cpu", *ids, round(x, 4), th.wait_cpu_max, "<=", "CPUs",
+                 None if w.loop_polls else x <= th.wait_cpu_max, polls + text if w.loop_polls else text)
 
 
 def _identity(run: RunData, s: RunSummary) -> list[Check]:

@@ -47,6 +47,10 @@ class Thresholds:
     spacing_slack_ns: int = 5_000_000
     # waiting: EngineCore CPUs spent beyond what its steps and its idle loop cost, while users wait
     wait_cpu_max: float = 0.2
+    # waiting, any phase with step records: re-wakes (empty steps right after an empty step) per second
+    # of waiting for budget. A blocked engine wakes every 50 ms at most when nothing comes (20/s); a loop
+    # that schedules every millisecond while it waits, about 1,000/s
+    wait_steps_max: float = 40.0
     # a waiting engine wakes at once: probes' p50 first token over the idle engine's, closed streams'
     # p50 abort latency (ms)
     wake_max_ms: float = 10.0

@@ -20,6 +20,40 @@ probes in the idle phase (p50, engine side: first emit event - sent), and the
 closed streams' abort latency (the client's close to the engine's abort
 finish event, p50): an engine that sleeps instead of blocking on its input
 queue adds up to its whole wait to both.
+
+Wherever else the engine waited (:func:`budget_waits`, every phase on a limiter-on
+engine with step records, the event file's version 2): the engine **waits for
+budget** after a step record that scheduled nothing (``reqs == 0``) while no
+request of a user with budget waited (``waiting_ready == 0``) and requests were
+held back by their users' budgets (``throttled > 0``: throttled residents, or
+``waiting > 0``: queued requests, none of them ready); the wait lasts from that
+step's clock to the engine's next step (clipped to the phase's end). Such steps
+are **empty steps**. With at least :data:`WAIT_MIN_NS` (1 s) of waiting in the
+phase, two figures:
+
+* CPU: ``(cpu - a * wall - b * steps) / wait``, CPUs per second of waiting beyond
+  what an idle engine (``a``) and the phase's sampling steps (``b``) cost. A blocked
+  engine costs ``a * wall + b * steps``; a loop that polls while it waits adds ``p``
+  CPUs for each second of waiting, ``cpu = a * wall + b * steps + p * wait``, so
+  ``p`` is the figure, the existing ``wait-cpu`` method with only the waiting time
+  in the denominator (where the phase is all waiting, the waiting scenario's
+  figure). ``a`` and ``b`` come from the ``waiting`` scenario's idle and busy
+  phases on the same engine; without them the figure is not measured (a fit over
+  busy phases cannot tell a step's cost, which grows with its batch, from the
+  idle loop's). An error of ``e`` CPU-seconds in the model's cost of the phase's
+  steps moves the figure by ``e / wait``, so it is judged only where waiting is at
+  least :data:`WAIT_CPU_MIN_SHARE` of the phase.
+* Re-wakes: empty steps that follow another empty step (the engine woke and
+  found nothing to do again), per second of waiting. A blocked engine wakes at
+  ``min(50 ms, earliest ready - now)`` (the patch) or for a new request or an
+  abort: at most 20 timeouts a second, and a wake at a ready time schedules the
+  ready request (that step is not empty). A loop that schedules every millisecond
+  while it waits makes about 1,000. The first empty step after a step that ran
+  (a token's user just ran out of budget) is not a re-wake: with many users
+  their ready times come often, each wake then runs a step, and counting those
+  would blame the users' rates on the loop. CPU-independent: it needs no
+  measurement of the EngineCore process, so it holds on attached engines too; a
+  loop that spins inside its wait without scheduling shows only in CPU.
 """
 
 from __future__ import annotations
@@ -28,7 +62,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ratebench.analysis.segments import time_order
+
 ROLE_IDLE, ROLE_STEPS, ROLE_WAITING = "baseline", "steps", "waiting"
+
+# A phase whose engine waited for budget less than this in all is not judged on its waiting.
+WAIT_MIN_NS = 1_000_000_000
+# The CPU figure is judged only where waiting is at least this share of the phase's wall time.
+WAIT_CPU_MIN_SHARE = 0.5
+# manifest.json engines.<name>.loop: "polls" marks an engine whose loop steps at a fixed cadence by
+# construction (the test harness, tests/mutants/runfolder.py); its waiting is information only.
+LOOP_POLLS = "polls"
 
 
 @dataclass
@@ -116,4 +160,102 @@ def waiting_summaries(run, rows: dict, request_checks: dict, steps_per_phase: di
                 if c.cancelled and c.abort_latency_ns is not None:
                     s.abort_latency_ms.append(c.abort_latency_ns / 1e6)
         out.append(s)
+    return out
+
+
+@dataclass
+class BudgetWait:
+    """One phase on a limiter-on engine with step records: how long it waited for budget, and at what cost."""
+
+    scenario: str
+    phase: str
+    engine: str
+    phase_index: int
+    wall_s: float
+    steps: int  # step records in the phase
+    empty_steps: int  # of them, steps that scheduled nothing while every request waited for budget
+    rewakes: int  # of those, empty steps right after another empty step
+    wait_ns: int  # time from each empty step to the engine's next step, in all
+    longest_wait_ns: int
+    sampling_steps: int  # steps that sampled a token (the CPU model's steps)
+    cpu_s: float | None  # the EngineCore's CPU time over the phase
+    model: tuple[float, float] | None = None  # (a CPUs, b CPU-s per step), from model_from
+    model_from: str | None = None  # "<scenario>'s idle and busy phases"
+    loop_polls: bool = False  # the engine's loop steps at a fixed cadence by construction (test harness)
+    waiting_scenario: bool = False  # the waiting scenario's own waiting phase (judged by its wait-cpu)
+
+    @property
+    def wait_s(self) -> float:
+        return self.wait_ns / 1e9
+
+    @property
+    def wait_share(self) -> float:
+        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def rewakes_per_s(self) -> float:
+        return self.rewakes / self.wait_s if self.wait_ns > 0 else 0.0
+
+    @property
+    def excess_cpus(self) -> float | None:
+        """CPUs per second of waiting beyond a * wall + b * sampling steps (None: not measured)."""
+        if self.model is None or self.cpu_s is None or self.wait_ns <= 0:
+            return None
+        a, b = self.model
+        return (self.cpu_s - a * self.wall_s - b * self.sampling_steps) / self.wait_s
+
+
+def waiting_steps(steps: np.ndarray) -> np.ndarray:
+    """Per step record: it scheduled nothing while every request waited for its user's budget."""
+    reqs, ready = steps["reqs"].astype(np.int64), steps["waiting_ready"].astype(np.int64)
+    held = (steps["throttled"].astype(np.int64) > 0) | (steps["waiting"].astype(np.int64) > 0)
+    return (reqs == 0) & (ready == 0) & held
+
+
+def wait_figures(steps: np.ndarray, end_ns: int, next_t_ns: int | None = None) -> dict:
+    """empty_steps, rewakes, wait_ns and longest_wait_ns of the time-sorted step records of one phase
+    (which ends at ``end_ns``); ``next_t_ns``: the clock of the engine's step after them, if any."""
+    empty = waiting_steps(steps)
+    if not empty.any():
+        return dict(empty_steps=0, rewakes=0, wait_ns=0, longest_wait_ns=0)
+    t = steps["t_ns"].astype(np.int64)
+    after = np.empty_like(t)
+    after[:-1] = t[1:]
+    after[-1] = end_ns if next_t_ns is None else next_t_ns
+    waits = np.clip(np.minimum(after, end_ns) - t, 0, None)[empty]
+    rewakes = int((empty[1:] & empty[:-1]).sum())
+    return dict(empty_steps=int(empty.sum()), rewakes=rewakes, wait_ns=int(waits.sum()),
+                longest_wait_ns=int(waits.max()))
+
+
+def budget_waits(run, steps_per_phase: dict[int, int], summaries: list[WaitingSummary]) -> list[BudgetWait]:
+    """Per phase on each limiter-on engine with step records: its waiting for budget (see the module)."""
+    models: dict[str, tuple[tuple[float, float], str]] = {}
+    for w in summaries:
+        if w.idle_cpus is not None and w.step_cpu_ms is not None and w.engine not in models:
+            models[w.engine] = ((w.idle_cpus, w.step_cpu_ms / 1e3), f"{w.scenario}'s idle and busy phases")
+    judged = {(w.scenario, w.waiting.phase, w.engine) for w in summaries}
+    engines_doc = (run.manifest or {}).get("engines") or {}
+    sorted_steps: dict[str, np.ndarray] = {}
+    out = []
+    for p in run.phases:
+        trace, eng = run.traces.get(p.engine), run.engines.get(p.engine)
+        if trace is None or eng is None or not eng.feature or not len(trace.events.steps):
+            continue
+        if p.engine not in sorted_steps:
+            st = trace.events.steps
+            order = time_order(st["t_ns"])
+            sorted_steps[p.engine] = st if order is None else st[order]
+        st = sorted_steps[p.engine]
+        t = st["t_ns"]
+        lo, hi = np.searchsorted(t, p.start_ns, "left"), np.searchsorted(t, p.end_ns, "right")
+        next_t = int(t[hi]) if hi < len(t) else None
+        model = models.get(p.engine)
+        bw = BudgetWait(p.scenario, p.phase, p.engine, p.index, (p.end_ns - p.start_ns) / 1e9, int(hi - lo),
+                        sampling_steps=steps_per_phase.get(p.index, 0), cpu_s=p.engine_core_cpu_s,
+                        model=None if model is None else model[0], model_from=None if model is None else model[1],
+                        loop_polls=(engines_doc.get(p.engine) or {}).get("loop") == LOOP_POLLS,
+                        waiting_scenario=p.key in judged,
+                        **wait_figures(st[lo:hi], p.end_ns, next_t))
+        out.append(bw)
     return out

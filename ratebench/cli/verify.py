@@ -42,6 +42,9 @@ _OPT_SPACING = typer.Option("--spacing-slack-ms", help="even spacing: a backlogg
                                                         "1 + N x (longest step period + this) tokens in a window")
 _OPT_WAIT_CPU = typer.Option("--wait-cpu-max", help="EngineCore CPUs spent while users wait, beyond what an idle "
                                                      "engine and its steps cost")
+_OPT_WAIT_STEPS = typer.Option("--wait-steps-max", help="empty engine steps right after an empty step (re-wakes) "
+                                                         "per second of waiting for budget (a blocked engine wakes "
+                                                         "every 50 ms at most: 20)")
 _OPT_WAKE = typer.Option("--wake-max-ms", help="a waiting engine's added p50 time to first token of a new request, "
                                                 "and p50 abort latency")
 _OPT_STREAM_WAIT = typer.Option("--stream-wait-factor", help="a throttled user's stream waits at most this x "
@@ -71,7 +74,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                place_share_min: float = 0.5, place_jain_min: float = 0.9,
                work_conservation_max_run_steps: int = 1, isolation_e2e_factor: float = 1.5,
                isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
-               isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0) -> Thresholds:
+               isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0,
+               wait_steps_max: float = 40.0) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -84,7 +88,7 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                       cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                       emit_tolerance_ns=None if emit_tolerance_ms is None else round(emit_tolerance_ms * 1e6),
                       spacing_slack_ns=round(spacing_slack_ms * 1e6), wait_cpu_max=wait_cpu_max,
-                      wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
+                      wait_steps_max=wait_steps_max, wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
                       stream_wait_slack_ns=round(stream_wait_slack_ms * 1e6), place_share_min=place_share_min,
                       place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
                       witness_clock_ns=round(witness_clock_us * 1e3))
@@ -108,6 +112,7 @@ def verify_bound(
     emit_tolerance_ms: Annotated[float | None, _OPT_EMIT_TOL] = None,
     spacing_slack_ms: Annotated[float, _OPT_SPACING] = 5.0,
     wait_cpu_max: Annotated[float, _OPT_WAIT_CPU] = 0.2,
+    wait_steps_max: Annotated[float, _OPT_WAIT_STEPS] = 40.0,
     wake_max_ms: Annotated[float, _OPT_WAKE] = 10.0,
     stream_wait_factor: Annotated[float, _OPT_STREAM_WAIT] = 2.0,
     stream_wait_slack_ms: Annotated[float, _OPT_STREAM_WAIT_SLACK] = 300.0,
@@ -134,7 +139,8 @@ def verify_bound(
                     max_overhead=max_overhead, max_event_overhead=max_event_overhead,
                     cancel_max_steps=cancel_max_steps, stream_spread_max=stream_spread_max, jain_min=jain_min,
                     emit_tolerance_ms=emit_tolerance_ms, spacing_slack_ms=spacing_slack_ms,
-                    wait_cpu_max=wait_cpu_max, wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
+                    wait_cpu_max=wait_cpu_max, wait_steps_max=wait_steps_max, wake_max_ms=wake_max_ms,
+                    stream_wait_factor=stream_wait_factor,
                     stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
                     place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
                     witness_clock_us=witness_clock_us)

@@ -184,6 +184,10 @@ CHECKS: dict[str, CheckMeaning] = {
                              "against requests.jsonl"),
     "wait-cpu": CheckMeaning("waiting", "the engine core used CPU while every request was throttled (it polls "
                              "instead of blocking)", "{events} and engines/{engine}/engine.log around the phase"),
+    "wait-steps": CheckMeaning("waiting", "while every request was throttled, the engine kept scheduling empty "
+                               "steps (it polls instead of blocking until a request is ready, a new request or an "
+                               "abort)", "{events}: the step records of the phase (reqs 0, throttled or waiting, "
+                               "their clocks' spacing)"),
     "wake-first-token": CheckMeaning("waiting", "while every request was throttled, a new request waited for the "
                                      "engine's timeout instead of waking it at once", "{events}: the new request's "
                                      "first dispatch against its send time (requests.jsonl)"),

@@ -316,6 +316,10 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
         + [f"{k}={v}" for k, v in sorted(workload.scheduler_kw.items())],
         "events_file": f"engines/{ENGINE}/events.rbev", "log_file": f"engines/{ENGINE}/engine.log",
         "endpoint": None, "harness_limiter": mutant.name,
+        # the harness steps every step_s of fake time whatever the scheduler gave it, so while every user
+        # waits its loop makes an empty step every few milliseconds: a polling loop by construction, whose
+        # waiting (wait-steps, wait-cpu) is information only (ratebench/analysis/waiting.py, LOOP_POLLS)
+        "loop": "polls",
     }
     write_run_files(run_dir, ENGINE, engine, scen, records, profile_name="sched-harness",
                     machine={"hostname": "harness", "cpu": "fake clock", "cpus": 1, "gpu": None,
