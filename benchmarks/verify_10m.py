@@ -13,7 +13,15 @@ Measured on the 2-core development VM (shared with other jobs), 10,020,000 event
 20,000 requests, 5,010,000 client chunks, without plots, the same run folder
 (``--dir DIR --reuse``):
 
-* now, load average about 1: 3.5 to 4.0 s in all (3.8 to 4.2 s CPU, of which 0.9 to 1.2 s
+* now (issue 21 part 7: even spacing, stream waits and isolation gaps per user from one shared
+  index per phase, O(the user's events and requests x log steps), no pass over every step per user),
+  load average about 1, a fresh folder: 7.2 s in all (7.4 s CPU, 1.7 s system time for 197,000 page
+  faults); reading 0.61 s, engine-side analysis 3.2 s (even spacing of all 1,000 users 0.52 s),
+  witness 1.2 s, client side 1.7 s, checks 1.2 s, verdict.json and report.md 0.20 s; 1.4 M events/s;
+  peak RSS 1,714 MiB (179 bytes per event). 2 million events of 1,000 users: 1.9 s (was 31 s);
+  1 million of 100 users: 0.9 s (was 3.3 s). Before that fix: 276 s, of which 269 s in even spacing
+  (every user's runs of steps came from a pass over every step of the phase).
+* earlier (before the witness and the checks added since), load average about 1: 3.5 to 4.0 s in all (3.8 to 4.2 s CPU, of which 0.9 to 1.2 s
   system time for about 145,000 page faults); reading requests.jsonl 0.58 to 0.68 s, the event
   file 0.14 to 0.19 s, engine-side analysis 1.9 to 2.3 s, client side 0.52 to 0.56 s,
   verdict.json and report.md 0.12 to 0.13 s; 2.5 to 2.9 M events/s; peak RSS 1,138 MiB

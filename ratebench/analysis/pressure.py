@@ -132,31 +132,42 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
     if not users:
         return []
     by_record = _dispatch_by_record(run, phase)
+    wanted = set(users)
+    records_of: dict[str, list[int]] = {}  # one pass over the records, not one per user
+    for i, r in enumerate(run.records):
+        if (r.engine == phase.engine and r.scenario == phase.scenario and r.phase == phase.phase
+                and r.sent_ns is not None):
+            u = client_user(r.user)
+            if u in wanted:
+                records_of.setdefault(u, []).append(i)
+    empty = np.empty(0, dtype=np.int64)
     out = []
     for user in users:
         spec = phase.users[user]
         if not spec.limit_tps:
             continue
-        mine = [i for i, r in enumerate(run.records)
-                if r.engine == phase.engine and r.scenario == phase.scenario and r.phase == phase.phase
-                and client_user(r.user) == user and r.sent_ns is not None]
+        mine = records_of.get(user, [])
         firsts = [int(by_record[i][0]) for i in mine if i in by_record and len(by_record[i])]
         user_first = min(firsts) if firsts else None
         waits = []
         for i in mine:
             r = run.records[i]
-            t = by_record.get(i, np.empty(0, dtype=np.int64))
+            t = by_record.get(i, empty)
             start = r.sent_ns if user_first is None else max(r.sent_ns, min(user_first, int(t[0]) if len(t) else user_first))
-            marks = [("first token", start)] + [("between tokens", int(x)) for x in t]
             # still waiting when the driver closed it (not when its answer was complete)
-            if r.cancelled and r.cancel_ns is not None and len(t) < r.max_tokens:
-                marks.append(("after its last token until closed", int(r.cancel_ns)))
-            best = None
-            for (_, a), (what, b) in zip(marks, marks[1:]):
-                if best is None or b - a > best[0]:
-                    best = (b - a, "first token" if a == start and what == "between tokens" else what, a)
-            if best is not None:
-                waits.append(StreamWait(r.client_id, r.stream_index, int(best[0]), best[1], int(best[2]), len(t)))
+            closed = r.cancelled and r.cancel_ns is not None and len(t) < r.max_tokens
+            marks = np.concatenate((np.array([start], dtype=np.int64), np.asarray(t, dtype=np.int64),
+                                    np.array([r.cancel_ns] if closed else [], dtype=np.int64)))
+            if len(marks) < 2:
+                continue
+            gaps = np.diff(marks)
+            k = int(np.argmax(gaps))  # the first longest, as a strict "longer than" scan keeps
+            a = int(marks[k])
+            if closed and k == len(gaps) - 1:
+                what = "after its last token until closed"
+            else:
+                what = "first token" if a == start else "between tokens"
+            waits.append(StreamWait(r.client_id, r.stream_index, int(gaps[k]), what, a, len(t)))
         out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits))
     return out
 

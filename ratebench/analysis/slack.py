@@ -93,7 +93,8 @@ def spacing_margin(t_ns: np.ndarray, req: np.ndarray, counts: np.ndarray | None,
     by_req = group_by(req)
     t_r = t[by_req.order]
     firsts, lasts = t_r[by_req.starts], t_r[by_req.ends - 1]
-    intervals = budget_limited_intervals(firsts, lasts, *steps[:3], limit_tps)
+    intervals = budget_limited_intervals(firsts, lasts, *steps[:3], limit_tps,
+                                         index=steps[4] if len(steps) > 4 else None)
     if shift_ns:
         intervals = intervals + np.array([0, int(shift_ns)], dtype=np.int64)
     lo = np.searchsorted(t, intervals[:, 0], side="left")

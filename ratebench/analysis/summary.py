@@ -29,7 +29,7 @@ from ratebench.analysis.reconcile import (
 )
 from ratebench.analysis.segments import group_by, time_order
 from ratebench.analysis.series import request_streams
-from ratebench.analysis.spacing import check_spacing
+from ratebench.analysis.spacing import StepIndex, check_spacing_many
 from ratebench.analysis.steps import EngineStep, engine_step, step_latencies, step_periods
 from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
 from ratebench.analysis.witness import WitnessResult, witness_figures
@@ -271,27 +271,15 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                 request_gaps = gap_at_emit[order]
         all_in_phases = all_in_phases and in_phases
         lap("per phase and user: grouping")
-        for p_index, u_code, sl in group_list:
+        spacing_of = _spacing_per_group(run, summary, strings, label, group_list, t, req, c, phase_steps,
+                                        lost_t, lost_req, n_codes)
+        lap("per phase and user: even spacing")
+        for k, (p_index, u_code, sl) in enumerate(group_list):
             row = _row(run, summary, p_index, strings[u_code])
             tg = t[sl]
             cg = None if c is None else c[sl]
             rg = req[sl]
-            steps = phase_steps.get(p_index)
-            spacing = None
-            if row.backlogged and row.limit_tps and steps is not None:
-                starts, periods, worked, longest_latency = steps
-                ts, rs, cs = tg, rg, cg
-                if label == "emit" and len(lost_t):
-                    sel = np.isin(lost_req, rg)
-                    if sel.any():  # the cancelled requests' charges without an emit, at their dispatch
-                        ts = np.concatenate([tg, lost_t[sel]])
-                        rs = np.concatenate([rg, lost_req[sel]])
-                        if cg is not None:
-                            cs = np.concatenate([cg, np.ones(int(sel.sum()), dtype=cg.dtype)])
-                        o = np.argsort(ts, kind="stable")
-                        ts, rs, cs = ts[o], rs[o], None if cs is None else cs[o]
-                spacing = check_spacing(ts, rs, row.limit_tps, starts, periods, worked, counts=cs,
-                                        shift_ns=longest_latency if label == "emit" else 0)
+            spacing = spacing_of.get(k)
             if label == "dispatch":
                 row.spacing_dispatch = spacing
                 if row.limit_tps:
@@ -369,9 +357,59 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     lap("reconciliation per request")
 
 
+def _spacing_per_group(run: RunData, summary: RunSummary, strings, label: str, group_list: list, t: np.ndarray,
+                       req: np.ndarray, c: np.ndarray | None, phase_steps: dict, lost_t: np.ndarray,
+                       lost_req: np.ndarray, n_codes: int) -> dict[int, object]:
+    """Even spacing of every (phase, user) group judged (backlogged, with a limit, steps measured), by
+    position in ``group_list``: all the groups of one phase at once on the phase's step index
+    (``spacing.check_spacing_many``), so the cost follows the events, not users x steps. On emit
+    events, the cancelled requests' charges without an emit (``lost_*``, by request code) count at
+    their dispatch, gathered per group from its own requests."""
+    lost_of: dict[int, np.ndarray] = {}  # group position -> positions into lost_*
+    if label == "emit" and len(lost_t) and len(group_list):
+        sizes = np.array([sl.stop - sl.start for _, _, sl in group_list], dtype=np.int64)
+        firsts = np.array([sl.start for _, _, sl in group_list], dtype=np.int64)
+        lost_codes = np.unique(lost_req)
+        hit = np.flatnonzero(np.isin(req, lost_codes))
+        # each group's slice of positions: which group each event of a cancelled request is in
+        order = np.argsort(firsts, kind="stable")
+        at = np.searchsorted(firsts[order], hit, side="right") - 1
+        gpos = order[np.maximum(at, 0)]
+        inside = (at >= 0) & (hit >= firsts[gpos]) & (hit < firsts[gpos] + sizes[gpos])
+        pairs = np.unique(gpos[inside] * np.int64(n_codes) + req[hit[inside]].astype(np.int64))
+        lost_req64 = lost_req.astype(np.int64)
+        for g in np.unique(pairs // n_codes).tolist():
+            codes = pairs[(pairs >= g * n_codes) & (pairs < (g + 1) * n_codes)] - g * n_codes
+            lo = np.searchsorted(lost_req64, codes, side="left")
+            hi = np.searchsorted(lost_req64, codes, side="right")
+            lost_of[g] = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
+    by_phase: dict[int, list[tuple[int, tuple]]] = {}
+    for k, (p_index, u_code, sl) in enumerate(group_list):
+        row = _row(run, summary, p_index, strings[u_code])
+        if not (row.backlogged and row.limit_tps and p_index in phase_steps):
+            continue
+        ts, rs, cs = t[sl], req[sl], None if c is None else c[sl]
+        sel = lost_of.get(k)
+        if sel is not None and len(sel):  # the cancelled requests' charges without an emit, at their dispatch
+            ts = np.concatenate([ts, lost_t[sel]])
+            rs = np.concatenate([rs, lost_req[sel]])
+            if cs is not None:
+                cs = np.concatenate([cs, np.ones(len(sel), dtype=cs.dtype)])
+            o = np.argsort(ts, kind="stable")
+            ts, rs, cs = ts[o], rs[o], None if cs is None else cs[o]
+        by_phase.setdefault(p_index, []).append((k, (ts, rs, row.limit_tps, cs)))
+    out: dict[int, object] = {}
+    for p_index, items in by_phase.items():
+        starts, periods, worked, longest_latency, index = phase_steps[p_index]
+        results = check_spacing_many([it for _, it in items], index,
+                                     shift_ns=longest_latency if label == "emit" else 0)
+        out.update(zip((k for k, _ in items), results))
+    return out
+
+
 def _phase_steps(run: RunData, name: str, latencies) -> dict[int, tuple]:
     """Per phase of the engine: (step starts, periods, whether the engine went straight on, the
-    longest dispatch-to-emit latency), for the steps that started in the phase (``steps.step_periods``)."""
+    longest dispatch-to-emit latency, their ``spacing.StepIndex``), for the steps that started in the phase (``steps.step_periods``)."""
     if isinstance(latencies, str):
         return {}
     emit_t, lat = latencies
@@ -384,7 +422,8 @@ def _phase_steps(run: RunData, name: str, latencies) -> dict[int, tuple]:
         if b <= a:
             continue
         at = (emit_t - lat >= p.start_ns) & (emit_t - lat < p.end_ns)
-        out[p.index] = (starts[a:b], periods[a:b], worked[a:b], int(lat[at].max()) if at.any() else 0)
+        s, per, w = starts[a:b], periods[a:b], worked[a:b]
+        out[p.index] = (s, per, w, int(lat[at].max()) if at.any() else 0, StepIndex(s, per, w))
     return out
 
 
