@@ -82,8 +82,11 @@ def test_an_empty_step_waits_only_while_every_request_is_held_by_its_budget():
 def test_waits_run_to_the_next_step_and_stop_at_the_phase_end():
     st = steps([0, 10 * MS, 60 * MS, 70 * MS, 120 * MS], [EMPTY, EMPTY, BUSY, EMPTY, EMPTY])
     f = wait_figures(st, end_ns=150 * MS, next_t_ns=400 * MS)
-    # 10 + 50 ms, then 50 ms and 30 ms (the phase ends before the engine's next step)
-    assert f == dict(empty_steps=4, rewakes=2, wait_ns=140 * MS, longest_wait_ns=50 * MS)
+    # 10 + 50 ms, then 50 ms and 30 ms (the phase ends before the engine's next step); no empty step
+    # follows two empty steps (one or two right after a step that ran are not re-wakes)
+    assert f == dict(empty_steps=4, rewakes=0, wait_ns=140 * MS, longest_wait_ns=50 * MS)
+    st = steps([0, 10 * MS, 60 * MS, 110 * MS, 160 * MS], [BUSY, EMPTY, EMPTY, EMPTY, EMPTY])
+    assert wait_figures(st, end_ns=200 * MS)["rewakes"] == 2
 
 
 # ---- the checks -------------------------------------------------------------------------------
@@ -93,7 +96,7 @@ def test_two_seconds_of_waiting_with_an_empty_step_every_50_ms_passes(tmp_path):
     checks = wait_checks(waiting_run(tmp_path / "run", every_ns=50 * MS, wait_ns=2 * S))
     c = checks[("wait-steps", "main")]
     assert c.passed is True and c.threshold == 40.0 and c.unit == "steps/s"
-    assert c.figure == 19.5, c.explanation  # 39 re-wakes in 2 s
+    assert c.figure == 19.0, c.explanation  # 38 re-wakes (empty steps after two empty steps) in 2 s
     assert "2.00 s of 3.00 s waiting for budget after 40 empty steps" in c.explanation
     # the simulated engine's CPU time was not measured: wait-cpu says so, not judged
     cpu = checks[("wait-cpu", "main")]
@@ -177,12 +180,15 @@ def cpu_run(run_dir: Path, *, poll_cpus: float, wait_share: float = 0.8,
     return run_dir, wait_s
 
 
-def test_a_seed_phase_whose_engine_polls_while_it_waits_fails_wait_cpu(tmp_path):
+def test_wait_cpu_outside_the_waiting_scenario_is_measured_for_information(tmp_path):
+    """The model prices sampling steps, not the empty steps a blocked engine runs between users' tokens
+    (cpu-tiny's blocked engines read +0.1 to +0.5 CPUs in busy phases): outside the waiting scenario
+    wait-cpu says its figure and why it is not judged; wait-steps judges the wait there."""
     run_dir, wait_s = cpu_run(tmp_path / "run", poll_cpus=1.0)
     checks = wait_checks(run_dir)
     c = checks[("wait-cpu", "2-streams")]
-    assert c.engine == "patched-sync" and c.passed is False and abs(c.figure - 1.0) < 0.01, c.explanation
-    assert "waiting's idle and busy phases" in c.explanation and "per second of waiting" in c.explanation
+    assert c.engine == "patched-sync" and c.passed is None and abs(c.figure - 1.0) < 0.01, c.explanation
+    assert "information only" in c.explanation and "per second of waiting" in c.explanation
     # the waiting scenario's waiting phase keeps its own wait-cpu, over the phase; one check per phase
     run = load_run(run_dir)
     cpu = [(c.scenario, c.phase, c.engine) for c in build_checks(run, summarize_run(run), Thresholds())
@@ -190,16 +196,10 @@ def test_a_seed_phase_whose_engine_polls_while_it_waits_fails_wait_cpu(tmp_path)
     assert sorted(cpu) == [("seed-experiment", "2-streams", "patched-sync"), ("waiting", "waiting", "patched-sync")]
 
 
-def test_a_seed_phase_whose_engine_blocks_passes_wait_cpu(tmp_path):
+def test_a_seed_phase_whose_engine_blocks_reads_its_wait_cpu_for_information(tmp_path):
     run_dir, _ = cpu_run(tmp_path / "run", poll_cpus=0.05)
     c = wait_checks(run_dir)[("wait-cpu", "2-streams")]
-    assert c.passed is True and abs(c.figure - 0.05) < 0.01, c.explanation
-
-
-def test_wait_cpu_is_not_judged_where_waiting_is_a_small_share_of_the_phase(tmp_path):
-    run_dir, _ = cpu_run(tmp_path / "run", poll_cpus=1.0, wait_share=0.3)
-    c = wait_checks(run_dir)[("wait-cpu", "2-streams")]
-    assert c.passed is None and "under 50 %" in c.explanation and abs(c.figure - 1.0) < 0.01
+    assert c.passed is None and abs(c.figure - 0.05) < 0.01, c.explanation
 
 
 def test_an_engine_without_idle_and_busy_phases_is_judged_on_its_steps_alone(tmp_path):
