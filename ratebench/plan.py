@@ -79,7 +79,14 @@ def scenarios_for(profile: Profile, endpoint: str | None) -> tuple[list[Scenario
                 skipped.append({"scenario": spec.name,
                                 "why": "overhead needs engines ratebench launches (not --endpoint)"})
                 continue
-            spec = type(spec)(name=spec.name, kind=spec.kind, scheduling=spec.scheduling[:1], params=spec.params)
+            params = spec.params
+            if spec.kind == "mix" and params.get("baseline"):
+                # the same requests on the limiter-off engine: one ratebench would have to launch
+                skipped.append({"scenario": f"{spec.name}/mix-baseline",
+                                "why": "the limiter-off baseline needs an engine ratebench launches (not "
+                                       "--endpoint): the tiers are not judged against it"})
+                params = {**params, "baseline": False}
+            spec = type(spec)(name=spec.name, kind=spec.kind, scheduling=spec.scheduling[:1], params=params)
         specs.append(spec)
     return specs, skipped
 

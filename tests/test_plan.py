@@ -184,3 +184,12 @@ def test_the_dry_run_says_whether_each_users_limit_is_reachable_with_its_streams
     assert "user-a 100 tok/s with 1 stream(s): at most 61 tok/s at a batch of 2 (16.5 ms a step): NOT reachable" in out
     assert "limit(s) the engine, not the budget, would set" in out
     assert "reachable limits" not in _dry_run("--profile", "cpu-tiny").output  # no reference step: nothing said
+
+
+def test_attached_to_a_server_a_mix_skips_its_limiter_off_baseline_and_says_so(nothing_launches: Path) -> None:
+    """--endpoint stands in for the limiter-on engine only: a mix with baseline = true would plan a
+    phase on a limiter-off engine nobody launched (the run failed looking it up)."""
+    p = plan.plan_run(load_profile("cpu-tiny"), endpoint="http://127.0.0.1:9")
+    assert all(not ph.engine.startswith("feature-off") for ph in p.phases)
+    assert {s["scenario"] for s in p.skipped} >= {"mix/mix-baseline", "crowd/mix-baseline", "overhead"}
+    assert any(ph.scenario == "crowd" and ph.phase == "mix" for ph in p.phases)
