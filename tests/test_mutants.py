@@ -317,7 +317,7 @@ def test_a_rolling_one_second_window_breaks_the_bound_and_stalls(judged, async_s
     assert_rejected_by(verdict, {("bound-dispatch", "1-stream", "user-a"), ("bound-dispatch", "4-streams", "user-a"),
                                  ("bound-dispatch", "1-stream", "user-b"),
                                  ("even-spacing-dispatch", "4-streams", "user-a")},
-                      only=BOUND | SPACING | {"stream-wait"})
+                      only=BOUND | SPACING | {"stream-wait", "refusal-witness"})
     # a whole second's budget (20 tokens) within 0.1 s, where 0.1 * 20 + 1 = 3 are allowed at once
     assert check(verdict, "bound-dispatch", "4-streams", "user-a").figure <= -12
     # and then a stall: user-a's tokens, all its streams merged (GCRA sends one every 50 ms, the window
@@ -351,7 +351,8 @@ class CountRefunds(Mutant):
 @SYNC_AND_ASYNC
 def test_no_refund_under_kv_pressure_under_delivers(judged, async_scheduling):
     _, verdict = judged("kv_pressure", NoRefund, async_scheduling=async_scheduling)
-    assert_rejected_by(verdict, {("delivery", "kv-pressure", "user-a")}, only={"delivery"})
+    # (its refusals come while the refunds it never made leave the user inside its budget: refusal-witness)
+    assert_rejected_by(verdict, {("delivery", "kv-pressure", "user-a")}, only={"delivery", "refusal-witness"})
     assert check(verdict, "delivery", "kv-pressure", "user-a").figure < 0.9
     assert_correct_passes(judged, "kv_pressure", async_scheduling)
     # the workload does what it says: the limiter as shipped refunds, many times
@@ -416,7 +417,7 @@ def test_a_limiter_at_half_the_rate_fails_delivery_not_the_bound(judged, async_s
     expected = {("delivery", phase, user) for phase in ("1-stream", "4-streams") for user in ("user-a", "user-b")}
     # half the tokens in every window too: even spacing (the lower side of the bound) says it as well
     assert_rejected_by(verdict, expected | {("even-spacing-dispatch", "4-streams", "user-b")},
-                       only={"delivery"} | SPACING)
+                       only={"delivery", "refusal-witness"} | SPACING)
     assert all(0.45 <= check(verdict, *key).figure <= 0.55 for key in expected)
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
 
@@ -455,10 +456,24 @@ def test_a_request_charged_to_another_user_fails_identity_and_nothing_else(judge
 
 
 @SYNC_AND_ASYNC
+def test_a_limiter_refusing_below_the_configured_rate_fails_refusal_witness(judged, async_scheduling):
+    """GCRA at N/2 refuses users whose charges at N leave them well inside the configured budget: the
+    event file's refusals are not the configured limiter's (isolation would have skipped those users)."""
+    _, verdict = judged("seed_experiment", HalfRate, async_scheduling=async_scheduling)
+    # user-b (100 tok/s, a 10-token burst) is refused 9 tokens short of its burst; user-a (20 tok/s)
+    # has a 2-token burst, too small to tell from the refunds allowed
+    assert ("refusal-witness", "1-stream", "user-b") in failures(verdict), verdict.summary()
+    assert check(verdict, "refusal-witness", "1-stream", "user-b").figure > 5
+    _, correct = judged("seed_experiment", async_scheduling=async_scheduling)
+    assert check(correct, "refusal-witness", "1-stream", "user-b").passed
+
+
+@SYNC_AND_ASYNC
 def test_charging_prompt_tokens_fails_prompt_free(judged, async_scheduling):
     _, verdict = judged("long_prompt_closed_loop", ChargesPromptTokens, async_scheduling=async_scheduling)
     assert ("prompt-free", "long-prompt", "user-a") in failures(verdict), verdict.summary()
-    assert {name for name, _, _ in failures(verdict)} <= {"prompt-free", "delivery"} | SPACING, verdict.summary()
+    assert {name for name, _, _ in failures(verdict)} <= {"prompt-free", "delivery", "refusal-witness"} | SPACING, \
+        verdict.summary()
     # 640 prompt tokens at 100 tok/s: 6.4 s before each first token, where a quarter of that is allowed
     assert check(verdict, "prompt-free", "long-prompt", "user-a").figure >= 6.0
     _, correct = judged("long_prompt_closed_loop", async_scheduling=async_scheduling)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.isolation import isolation_checks
@@ -15,6 +17,7 @@ from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
 from ratebench.analysis.waiting import WAIT_MIN_NS, BudgetWait, budget_waits
 from ratebench.analysis.witness import WitnessResult
+from ratebench.analysis.refusals import refusal_witnesses
 from ratebench.analysis.workcons import work_conservation
 
 WHOLE = "*"
@@ -119,6 +122,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(lateness_checks(run))
     checks.extend(_pressure(run, th))
     checks.extend(_work_conservation(run, th))
+    checks.extend(_refusal_witness(run, th))
     return checks
 
 
@@ -449,6 +453,26 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
                                  f"{len(ps.ratios)} users", round(j, 4), th.place_jain_min, ">=", "index",
                                  j >= th.place_jain_min,
                                  f"Jain's index of the users' rates / fair shares {window}"))
+    return out
+
+
+def _refusal_witness(run: RunData, th: Thresholds) -> list[Check]:
+    """Each refused user's worst refusal against its own charges: GCRA refuses only a user whose
+    charges in some window ending at the refusal reach N x (W + burst) (ratebench/analysis/refusals.py).
+    A refusal the charges do not explain would take the user out of the isolation checks."""
+    out = []
+    tol = th.refusal_tolerance_tokens
+    for w in refusal_witnesses(run, th.burst_ns):
+        short = w.worst_short_tokens
+        head = "no charge before it" if not np.isfinite(w.worst_head_tokens) else f"{w.worst_head_tokens:.2f}"
+        text = (f"{w.refusals} refuse event(s); at the one furthest from its bound ({w.worst_t_ns / 1e9:.3f} s "
+                f"into the phase) the user's charges in the fullest window ending there exceeded {w.limit_tps} "
+                f"tok/s x its length by {head} tokens, where a refusal needs the burst, {w.limit_tps} x "
+                f"{th.burst_ns / 1e9:g} s = {w.limit_tps * th.burst_ns / 1e9:.2f} ({short:+.2f} short, "
+                f"{tol:g} allowed: charges refunded at the end of the refusing step)")
+        out.append(Check("refusal-witness", w.scenario, w.phase, w.engine, w.user,
+                         round(short, 3) if np.isfinite(short) else None, tol, "<=", "tokens",
+                         bool(short <= tol), text))
     return out
 
 

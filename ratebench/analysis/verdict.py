@@ -64,6 +64,9 @@ class Thresholds:
     # work conservation: the longest run of consecutive steps that left a place or a slot idle, or held by a
     # throttled request, while a request of a user with budget waited (1: the step in which a budget flips)
     work_conservation_max_run_steps: int = 1
+    # a refusal must be earned: tokens a refused user's charges may fall short of the bound's burst in
+    # the window ending at the refusal (charges refunded at the end of the refusing step are not dispatches)
+    refusal_tolerance_tokens: float = 2.0
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     # two witnesses (analysis/witness.py): how far the client's time may precede the engine's for the same
     # token, end of stream or send. One clock (CLOCK_MONOTONIC, 1 ns resolution through the vDSO, one

@@ -54,6 +54,9 @@ _OPT_PLACE_SHARE = typer.Option("--place-share-min", help="with more streams tha
                                                            "at least this x its max-min fair share")
 _OPT_PLACE_JAIN = typer.Option("--place-jain-min", help="Jain's index of the users' rates / fair shares of the "
                                                          "active places")
+_OPT_REFUSAL_TOL = typer.Option("--refusal-tolerance-tokens",
+                                help="refusal-witness: tokens a refused user's charges may fall short of the burst "
+                                     "in the window ending at the refusal (refunds of the refusing step)")
 _OPT_WORK_RUN = typer.Option("--work-conservation-max-run-steps",
                              help="work conservation: the longest run of consecutive engine steps that may leave a "
                                   "place or a slot idle, or held by a throttled request, while a request of a user "
@@ -75,7 +78,7 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                work_conservation_max_run_steps: int = 1, isolation_e2e_factor: float = 1.5,
                isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
                isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0,
-               wait_steps_max: float = 40.0) -> Thresholds:
+               wait_steps_max: float = 40.0, refusal_tolerance_tokens: float = 2.0) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -91,7 +94,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                       wait_steps_max=wait_steps_max, wake_max_ms=wake_max_ms, stream_wait_factor=stream_wait_factor,
                       stream_wait_slack_ns=round(stream_wait_slack_ms * 1e6), place_share_min=place_share_min,
                       place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
-                      witness_clock_ns=round(witness_clock_us * 1e3))
+                      witness_clock_ns=round(witness_clock_us * 1e3),
+                      refusal_tolerance_tokens=refusal_tolerance_tokens)
 
 
 def verify_bound(
@@ -120,6 +124,7 @@ def verify_bound(
     place_jain_min: Annotated[float, _OPT_PLACE_JAIN] = 0.9,
     work_conservation_max_run_steps: Annotated[int, _OPT_WORK_RUN] = 1,
     witness_clock_us: Annotated[float, _OPT_WITNESS_CLOCK] = 5.0,
+    refusal_tolerance_tokens: Annotated[float, _OPT_REFUSAL_TOL] = 2.0,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -143,7 +148,7 @@ def verify_bound(
                     stream_wait_factor=stream_wait_factor,
                     stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
                     place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
-                    witness_clock_us=witness_clock_us)
+                    witness_clock_us=witness_clock_us, refusal_tolerance_tokens=refusal_tolerance_tokens)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:

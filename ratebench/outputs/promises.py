@@ -98,6 +98,11 @@ CHECKS: dict[str, CheckMeaning] = {
                                   "happened, and every check made on them proves nothing",
                                   "requests.jsonl: the chunk_ns of the request the explanation names, against "
                                   "its emit events in {events}"),
+    "refusal-witness": CheckMeaning("witness", "the engine's event file says a user was refused a charge while its "
+                                    "own charges leave it well inside its budget: a refusal the limiter did not "
+                                    "make (it would take the user out of the isolation checks)",
+                                    "{events}: the user's dispatch and refuse events around the time the "
+                                    "explanation names"),
     "witness-emits": CheckMeaning("witness", "the client received tokens for which the engine's event file has no "
                                   "emit event: the file leaves out what the engine did",
                                   "{events}: the emit events of the request the explanation names, against its "
