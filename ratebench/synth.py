@@ -324,9 +324,9 @@ def write_run_folder(run_dir: str | Path, engines: list[SimEngine], phases: list
     return run_dir
 
 
-def standard_run(run_dir: str | Path, *, limiter: str = "gcra", max_tokens: int = 100, seed: int = 0,
-                 state: str = "complete", overhead: bool = True) -> Path:
-    """A small run with the seed experiment, isolation, cancellation, EOS and overhead scenarios."""
+def request_maker(max_tokens: int):
+    """``(reqs, cid)``: ``cid()`` the next request id (rb-5e1f0001-1, -2, ...), and ``reqs(user, streams,
+    tokens=max_tokens, **kw)`` that many SimRequests of one user, numbered from the same count."""
     n = [0]
 
     def cid() -> str:
@@ -335,6 +335,14 @@ def standard_run(run_dir: str | Path, *, limiter: str = "gcra", max_tokens: int 
 
     def reqs(user, streams, tokens=max_tokens, **kw):
         return [SimRequest(cid(), user, i, tokens, **kw) for i in range(streams)]
+
+    return reqs, cid
+
+
+def standard_run(run_dir: str | Path, *, limiter: str = "gcra", max_tokens: int = 100, seed: int = 0,
+                 state: str = "complete", overhead: bool = True) -> Path:
+    """A small run with the seed experiment, isolation, cancellation, EOS and overhead scenarios."""
+    reqs, cid = request_maker(max_tokens)
 
     patched = SimEngine("patched-sync", default_tps=100, user_tps={"user-a": 20, "user-c": 1000, "bulk": 100000},
                         limiter=limiter)

@@ -132,16 +132,9 @@ def all_promises_run(run_dir: Path, *, waiting: bool = True, max_tokens: int = 6
     async limiter-on engine, isolation, cancellation, the waiting scenario (``waiting``: its idle, busy and
     waiting phases, the EngineCore's CPU time measured) and the overhead rounds (judged only with a
     ``max_overhead`` threshold)."""
-    from ratebench.synth import overhead_engines, overhead_phases
+    from ratebench.synth import overhead_engines, overhead_phases, request_maker
 
-    n = [0]
-
-    def cid() -> str:
-        n[0] += 1
-        return f"rb-5e1f0001-{n[0]}"
-
-    def reqs(user, streams, tokens=max_tokens, **kw):
-        return [SimRequest(cid(), user, i, tokens, **kw) for i in range(streams)]
+    reqs, cid = request_maker(max_tokens)
 
     limits = {"user-a": 20, "user-c": 1000, "slow": 10, "probe": 100000, "bulk": 100000}
     sync = SimEngine("patched-sync", default_tps=100, user_tps=dict(limits))

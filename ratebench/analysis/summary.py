@@ -148,6 +148,28 @@ def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> User
     return summary.rows[key]
 
 
+def _lost_charges(recs: np.ndarray, req_col: np.ndarray, d_req: np.ndarray, e_req: np.ndarray, e_c: np.ndarray,
+                  d_by_req, d_t_r: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Charges that a client's cancel left without an emit (DESIGN's accepted over-charge: a step already
+    dispatched when the client cancels), as (dispatch times, request codes), by code then time: each
+    aborted request's last dispatches beyond the tokens it emitted. Even spacing on emit events counts
+    them as emitted at their dispatch, as the budget was spent then (a stream the scenario closes
+    between a charge and its emit made a window 2 tokens short of a user whose dispatch side was even)."""
+    fin = recs["kind"] == KIND_FINISH
+    aborted = np.zeros(n_codes, dtype=bool)
+    aborted[req_col[fin][recs["reason"][fin] == FINISH_ABORT]] = True
+    lost = np.where(aborted, np.bincount(d_req, minlength=n_codes)
+                    - np.bincount(e_req, weights=e_c, minlength=n_codes).astype(np.int64), 0)
+    g = d_by_req
+    n_lost = np.clip(lost[g.keys], 0, g.ends - g.starts)
+    sel = n_lost > 0
+    counts, ends = n_lost[sel], g.ends[sel]
+    # each group's last ``count`` positions in the grouped-by-request layout (times in order in a group)
+    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    pos = np.repeat(ends - counts, counts) + within
+    return d_t_r[pos], np.repeat(g.keys[sel], counts).astype(d_req.dtype)
+
+
 def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict) -> None:
     trace = run.traces[name]
     eng = run.engines[name]
@@ -166,27 +188,11 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
         e_t, e_req, e_user, e_c = e_t[keep], e_req[keep], e_user[keep], e_c[keep]
     e_unit = bool(len(e_c) == 0 or e_c.max() == 1)
 
-    # Charges that a client's cancel left without an emit (DESIGN's accepted over-charge: a step already
-    # dispatched when the client cancels): even spacing on emit events counts each as emitted at its
-    # dispatch, as the budget was spent then (a stream the scenario closes between a charge and its
-    # emit made a window 2 tokens short of a user whose dispatch side was even).
-    fin = kind == KIND_FINISH
-    aborted = np.zeros(n_codes, dtype=bool)
-    aborted[req_col[fin][recs["reason"][fin] == FINISH_ABORT]] = True
-    lost = np.where(aborted, np.bincount(d_req, minlength=n_codes)
-                    - np.bincount(e_req, weights=e_c, minlength=n_codes).astype(np.int64), 0)
-    lost_t_parts, lost_req_parts = [], []
-    for code in np.flatnonzero(lost > 0):
-        times = np.sort(d_t[d_req == code])[-int(lost[code]):]
-        lost_t_parts.append(times)
-        lost_req_parts.append(np.full(len(times), code, dtype=d_req.dtype))
-    lost_t = np.concatenate(lost_t_parts) if lost_t_parts else np.empty(0, dtype=d_t.dtype)
-    lost_req = np.concatenate(lost_req_parts) if lost_req_parts else np.empty(0, dtype=d_req.dtype)
-
     lap("columns")
     # per-request groupings, shared by the step estimate and the per-request gaps
     d_by_req, e_by_req = group_by(d_req), group_by(e_req)
     d_t_r, e_t_r = d_t[d_by_req.order], e_t[e_by_req.order]  # each request's times, request after request
+    lost_t, lost_req = _lost_charges(recs, req_col, d_req, e_req, e_c, d_by_req, d_t_r, n_codes)
     lap("group by request")
     latencies = step_latencies(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req,
                                grouped_times=(d_t_r, e_t_r))

@@ -195,10 +195,6 @@ class BudgetWait:
         return self.wait_ns / 1e9
 
     @property
-    def wait_share(self) -> float:
-        return self.wait_s / self.wall_s if self.wall_s > 0 else 0.0
-
-    @property
     def rewakes_per_s(self) -> float:
         return self.rewakes / self.wait_s if self.wait_ns > 0 else 0.0
 
