@@ -188,10 +188,9 @@ def test_an_isolated_tier_is_judged_even_when_binding_cannot_be_told(tmp_path):
     assert ttft.passed is False and "marked isolated" in ttft.explanation
 
 
-def test_step_records_without_refusals_say_no_limit_bound(tmp_path):
-    """A version 2 file with step records and no refuse event: the engine records refusals and refused
-    nobody, so every user is unbound and judged."""
-    run_dir = mix_run(tmp_path, refusals=False)
+def with_step_records(run_dir):
+    """The limiter-on engine's event file rewritten as version 2 with a step record: an engine that
+    records refusals (and refused nobody here)."""
     path = run_dir / "engines" / "patched-sync" / "events.rbev"
     ev = read_engine_events(path)
     with EventFileWriter(path, ev.meta) as w:
@@ -199,10 +198,31 @@ def test_step_records_without_refusals_say_no_limit_bound(tmp_path):
             w.intern(s)
         w.write_steps(np.zeros(1, dtype=STEP_DTYPE))
         w.write_block(ev.records)
+    return run_dir
+
+
+def test_step_records_without_refusals_say_no_limit_bound(tmp_path):
+    """A version 2 file with step records and no refuse event: the engine records refusals and refused
+    nobody, so every user is unbound and judged."""
+    run_dir = with_step_records(mix_run(tmp_path, refusals=False))
     checks = mix_checks(run_dir)
-    assert {c.user for c in checks if c.passed is not None} == {"pro tier", "free tier", "team tier"}
-    # free was throttled in fact, so against the limiter-off engine it fails: what the engine's record says
-    assert any(c.passed is False and c.user == "free tier" for c in checks)
+    # free was throttled in fact: its requests came faster than its limit allows on the limiter-off
+    # engine, so its limit binds on them whatever the limiter-on engine recorded; it is told from the
+    # baseline alone and judged by the bound, not against the limiter-off engine's latencies
+    assert {c.user for c in checks if c.passed is not None} == {"pro tier", "team tier"}
+    [binding] = [c for c in analyse_run(run_dir).verdict.checks if c.name == "isolation-binding"]
+    assert "0 of" in binding.explanation and "asked more than their limits allow on the baseline" in binding.explanation
+    assert "free-00" in binding.explanation
+
+
+def test_a_user_within_its_limit_on_the_baseline_is_judged_and_one_past_it_is_not(tmp_path):
+    """Which mix users count as unbound besides the refuse events: only the limiter-off engine's record
+    decides (their client chunks on the baseline against their bound), so a limiter cannot take a user out
+    of the isolation checks; the pro tier, far under its limit, stays judged and fails when late."""
+    run_dir = with_step_records(mix_run(tmp_path, refusals=False))
+    late_first_tokens(run_dir, {"pro-00", "pro-01"})
+    checks = [c for c in mix_checks(run_dir) if c.user == "pro tier"]
+    assert any(c.name == "isolation-ttft" and c.passed is False for c in checks)
 
 
 def test_isolation_thresholds_are_options(tmp_path):

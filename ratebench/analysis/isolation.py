@@ -8,7 +8,13 @@ limiter-off engine.
 
 Which users (``unbound``): a user did not bind in a phase when the limiter-on engine recorded no
 ``refuse`` event for it (kind 4 of the engine event file: a charge refused because the user was out
-of budget) within the phase's time window (or for one of the phase's requests). The engine can tell
+of budget) within the phase's time window (or for one of the phase's requests) and, in a mix, its
+requests on the baseline stayed within its bound at its limit (``(W + 0.1) x N + 1`` on its client
+chunks from the limiter-off engine): a user whose own requests ask more than its limit allows is bound
+by its limit on any correct engine (a 50 tok/s user whose answers came at 331 tok/s on the limiter-off
+engine cannot get them so fast beside anyone), and is judged by the bound, spacing and turns checks.
+Only the limiter-off engine's record decides this, so a limiter cannot move a user out of the
+isolation checks with it. The engine can tell
 only when it records refusals: an event file with no refuse event at all and no per-step records
 comes from an engine patched before refusals were recorded, and then no user counts as unbound: the
 checks are made, for information, and say why. The ``isolation`` and ``kv-pressure`` scenarios' user
@@ -41,6 +47,7 @@ from itertools import chain
 
 import numpy as np
 
+from ratebench.analysis.bound import check_bound
 from ratebench.analysis.gaps import gap_stats
 from ratebench.analysis.load import RunData
 from ratebench.analysis.segments import diffs_within, group_by
@@ -78,9 +85,13 @@ class Binding:
     known: bool  # the engine's event file records refusals
     refused: dict[str, int] = field(default_factory=dict)  # user -> refuse events in the phase
     why: str = ""  # how it was told, or why it cannot be
+    # user -> tokens past its bound in the fullest window of its chunks on the baseline phase (the same
+    # requests on the limiter-off engine): its own requests ask more than its limit allows, so the limit
+    # binds on them whatever the limiter-on engine recorded (mix phases)
+    over_limit: dict[str, float] = field(default_factory=dict)
 
     def bound(self, user: str) -> bool:
-        return self.refused.get(user, 0) > 0
+        return self.refused.get(user, 0) > 0 or user in self.over_limit
 
 
 def records_refusals(events) -> bool:
@@ -255,7 +266,8 @@ def _units(run: RunData, base: PhaseRecord, p: PhaseRecord, binding: Binding, ro
             unbound = [u for u in members if not binding.bound(u)]
             if not unbound:
                 continue  # every user's limit bound: nothing of the tier to judge
-            note = f"{len(unbound)} unbound of {len(members)} users (no refuse event in the phase)"
+            note = (f"{len(unbound)} unbound of {len(members)} users (no refuse event in the phase, and within "
+                    "its limit on the baseline)")
             if len(unbound) < len(members):
                 note += f"; bound, not judged: {_names([u for u in members if binding.bound(u)])}"
             out.append(Unit(label, unbound, True, note=note))
@@ -289,6 +301,8 @@ def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]
         # mode's limiter-on engine against the one limiter-off baseline)
         for p in same_engine or shared:
             binding = phase_binding(run, p)
+            if p.kind == "mix" and binding.known:
+                binding.over_limit = _over_limit(run, base, p, records_of)
             units = _units(run, base, p, binding, rows)
             if p.kind == "mix":
                 out.append(_binding_check(p, binding, units))
@@ -296,6 +310,31 @@ def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]
                 on = [i for u in unit.users for i in records_of.get((p.index, u), [])]
                 off = [i for u in unit.users for i in records_of.get((base.index, u), [])]
                 out.extend(_unit_checks(run, cache, p, base, unit, on, off, th))
+    return out
+
+
+def _over_limit(run: RunData, base: PhaseRecord, p: PhaseRecord, records_of: dict) -> dict[str, float]:
+    """The users of mix phase ``p`` whose requests, on the baseline phase ``base`` (the limiter-off
+    engine), came faster than their limit in ``p`` allows: the bound ``(W + burst) x N + 1`` broken in
+    some window of their client chunks (tokens past it in the fullest one)."""
+    out: dict[str, float] = {}
+    for u, pu in p.users.items():
+        limit = pu.limit_tps
+        if not limit:
+            continue
+        t: list[int] = []
+        c: list[int] = []
+        for i in records_of.get((base.index, u), []):
+            t.extend(run.records[i].chunk_ns)
+            c.extend(run.records[i].chunk_tokens)
+        if not t:
+            continue
+        order = np.argsort(np.asarray(t, dtype=np.int64), kind="stable")
+        counts = np.asarray(c, dtype=np.int64)[order]
+        keep = counts > 0
+        res = check_bound(np.asarray(t, dtype=np.int64)[order][keep], int(limit), counts=counts[keep])
+        if not res.passed and res.worst is not None:
+            out[u] = -res.worst.slack_tokens
     return out
 
 
@@ -307,8 +346,13 @@ def _binding_check(p: PhaseRecord, binding: Binding, units: list[Unit]) -> Check
             f" ({', '.join(u.label for u in judged)})" if judged else " (none)")
     else:
         bound = sorted(u for u, n in binding.refused.items() if n and u in p.users)
+        over = sorted(u for u in binding.over_limit if u in p.users and u not in bound)
         text = (f"{len(bound)} of {len(p.users)} users were refused a charge in the phase (bound: "
-                f"{_names(bound) if bound else 'none'}); isolation judges "
+                f"{_names(bound) if bound else 'none'})"
+                + (f"; {len(over)} more asked more than their limits allow on the baseline (bound: {_names(over)}, "
+                   "the most past its bound "
+                   f"{max(binding.over_limit[u] for u in over):.1f} tokens)" if over else "")
+                + "; isolation judges "
                 + (", ".join(f"{u.label} ({_count(u.users, 'user')})" for u in judged) if judged else "nobody"))
     return Check("isolation-binding", p.scenario, p.phase, p.engine, None,
                  sum(len(u.users) for u in judged), None, "vs", "users judged", None, text)
