@@ -278,10 +278,15 @@ def test_the_estimate_is_the_last_arrival_or_a_users_tokens_at_its_limit() -> No
 
 
 class _FakeMaker:
-    """Token ids 1000 + n for prompts; a fixed id per salt for headers."""
+    """Token ids 1000 + n for prompts; a distinct id below 1000 per salt for headers (one table for
+    every maker: ``hash(salt) % 1000``, which changes from run to run, made two of 33 prompts equal
+    in a CI run)."""
+
+    _salt_ids: dict[str, int] = {}
 
     async def token_prompt(self, n: int, salt: str, prefix: list[int] | None = None) -> list[int]:
-        return (prefix or []) + [hash(salt) % 1000] + [1000 + i for i in range(n - 1)]
+        salt_id = self._salt_ids.setdefault(salt, len(self._salt_ids) % 1000)
+        return (prefix or []) + [salt_id] + [1000 + i for i in range(n - 1)]
 
     def text_prompt(self, approx_tokens: int, salt: str) -> str:
         return f"[{salt}] " + "w " * approx_tokens
