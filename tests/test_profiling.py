@@ -180,3 +180,41 @@ def test_cli_refuses_endpoint_without_pid(tmp_path):
                                       str(tmp_path)])
     assert result.exit_code == 2
     assert "--pid" in result.output
+
+
+def test_the_cost_target_is_the_added_time_against_the_reference_step():
+    """Issue 20's target: (b) and (d) add at most 1 % of the reference decode step at the same active
+    places; the ratios stay beside it; without a reference step the target is said to be unjudged."""
+    from ratebench.profiling.statistics import MicrobenchReport, Spread, VariantSummary, target_verdicts
+
+    def summary(variant, letter, us, off_us):
+        return VariantSummary(variant, letter, Spread.of(us), Spread.of(us),
+                              Spread.of([x / o for x, o in zip(us, off_us)]), {},
+                              Spread.of([x - o for x, o in zip(us, off_us)]))
+
+    off = [400.0, 410.0, 405.0]
+    row = {"off": summary("off", "a", off, off),
+           "never-reached": summary("never-reached", "b", [470.0, 480.0, 475.0], off),
+           "half-throttled": summary("half-throttled", "d", [600.0, 610.0, 605.0], off)}
+    report = MicrobenchReport({"active_seqs": 64}, {1024: row}, [], {}, reference_step_ms=7.2,
+                              reference_source="--reference-step-ms")
+    lines = target_verdicts(report)
+    assert len(lines) == 2
+    assert lines[0].startswith("(b) at R=1024, A=64: +70 us") and "0.97% of the 7.2 ms" in lines[0]
+    assert "met" in lines[0] and "NOT met" not in lines[0] and "1.17x (a)" in lines[0]
+    assert lines[1].startswith("(d) at R=1024, A=64: +200 us") and "2.78%" in lines[1] and "NOT met" in lines[1]
+    report.reference_step_ms = None
+    lines = target_verdicts(report)
+    assert "not judged" in lines[0] and "+70 us" in lines[1] and "met" not in lines[1]
+
+
+def test_reference_steps_are_parsed_and_bad_ones_refused():
+    import typer
+
+    from ratebench.cli.profile import _parse_reference_steps
+
+    assert _parse_reference_steps("1=5.5, 64=7.2,256=13") == {1: 5.5, 64: 7.2, 256: 13.0}
+    assert _parse_reference_steps(None) is None
+    for bad in ("64", "64=x", "0=5", "64=-1", ","):
+        with pytest.raises(typer.BadParameter, match="--reference-step-ms"):
+            _parse_reference_steps(bad)

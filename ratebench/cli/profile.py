@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +28,26 @@ def _parse_r_list(text: str | None) -> list[int] | None:
     if not values or any(v <= 0 for v in values):
         raise typer.BadParameter(f"expected positive integers separated by commas (e.g. 16,64,256), got {text!r}")
     return values
+
+
+def _parse_reference_steps(text: str | None) -> dict[int, float] | None:
+    """``--reference-step-ms``: BATCH=MS pairs separated by commas."""
+    if text is None:
+        return None
+    steps: dict[int, float] = {}
+    for item in (x for x in text.replace(" ", "").split(",") if x):
+        batch, sep, ms = item.partition("=")
+        try:
+            b, m = int(batch), float(ms)
+        except ValueError:
+            b, m = 0, 0.0
+        if not sep or b <= 0 or not m > 0:
+            raise typer.BadParameter(f"--reference-step-ms: expected BATCH=MS pairs with a positive batch size and "
+                                     f"milliseconds, separated by commas (e.g. 1=5.5,64=7.2,256=13.0), got {item!r}")
+        steps[b] = m
+    if not steps:
+        raise typer.BadParameter(f"--reference-step-ms: no BATCH=MS pair in {text!r} (e.g. 1=5.5,64=7.2,256=13.0)")
+    return steps
 
 
 def _table_console() -> Console:
@@ -57,6 +78,10 @@ def profile_scheduler(
     active_seqs: Annotated[int | None, typer.Option(
         "--active-seqs", help="microbenchmark --max-num-active-seqs (default: the profile's)")] = None,
     streams_per_user: Annotated[int, typer.Option("--streams-per-user", help="R / users")] = 4,
+    reference_step_ms: Annotated[str | None, typer.Option(
+        "--reference-step-ms", help="the decode step by batch size for the cost target, BATCH=MS comma "
+                                    "separated (e.g. 1=5.5,64=7.2,256=13.0; default: the profile's "
+                                    "engine.reference_step_ms)")] = None,
     breakdown_r: Annotated[int | None, typer.Option(
         "--breakdown", help="also profile schedule() in (b), (c), (d) at this R (cProfile by function, "
                                     "py-spy by line, patch vs upstream) and print where the time goes")] = (
@@ -74,6 +99,7 @@ def profile_scheduler(
     try:
         prof = profiles.load_profile(profile)
         r_values = _parse_r_list(r_list) or profiling.r_values_for(prof.name)
+        steps = _parse_reference_steps(reference_step_ms)
     except (profiles.ProfileError, typer.BadParameter) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
     if (endpoint is None) != (pid is None):
@@ -114,6 +140,12 @@ def profile_scheduler(
         results = profiling.run_microbench(ms, on_round=lambda r, k: err.print(
             f"  R={r}: round {k + 1}/{rounds}", end="\r") if err.is_terminal else None)
         micro_report = profiling.summarize_microbench(results, ms)
+        if steps:
+            micro_report.reference_step_ms = replace(prof.engine, reference_step_ms=steps).step_ms_at(active_seqs)
+            micro_report.reference_source = "--reference-step-ms"
+        elif prof.engine.reference_step_ms:
+            micro_report.reference_step_ms = prof.engine.step_ms_at(active_seqs)
+            micro_report.reference_source = f"profile {prof.name}'s engine.reference_step_ms"
         table_out.print(profiling.microbench_table(micro_report))
         for line in profiling.target_verdicts(micro_report):
             table_out.print(f"target: {escape(line)}")

@@ -57,6 +57,7 @@ class VariantSummary:
     mean_us_per_call: Spread  # over rounds, of each round's mean call
     ratio_to_off: Spread | None  # per-round ratio to the same round's "off"
     state: dict[str, Any]
+    added_us: Spread | None = None  # per-round difference to the same round's "off" (us per call)
 
 
 @dataclass
@@ -65,20 +66,30 @@ class MicrobenchReport:
     rows: dict[int, dict[str, VariantSummary]]  # R -> variant -> summary
     warnings: list[str]
     targets: dict[str, Any]
+    # the reference decode step at the settings' active places (ms; None: none given) and where it
+    # came from (the profile's engine.reference_step_ms, or --reference-step-ms)
+    reference_step_ms: float | None = None
+    reference_source: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "settings": self.settings,
             "targets": self.targets,
+            "reference_step_ms": self.reference_step_ms,
+            "reference_source": self.reference_source,
             "warnings": self.warnings,
             "results": {str(r): {v: asdict(s) for v, s in row.items()} for r, row in self.rows.items()},
         }
 
 
-# The targets for the patch (see docs/profile-scheduler.md): (b) at every R, (c) and (d) at R = 1024.
+# The target for the patch (issue 20; docs/profile-scheduler.md): what the limiter adds to schedule()
+# in (b) limits never reached and (d) half the users throttled stays at most 1 % of a real decode step
+# at the same number of active places (the reference step: the profile's engine.reference_step_ms or
+# --reference-step-ms), at every R. The ratios to (a) are printed beside it; the earlier ratio targets
+# (1.10x, 1.20x of a 40 us CPU step no GPU user has) are withdrawn.
 TARGETS = {
-    "never-reached_max_ratio_every_r": 1.10,
-    "throttled_max_ratio_at_r": {"r": 1024, "max_ratio": {"all-throttled": 1.10, "half-throttled": 1.20}},
+    "max_added_fraction_of_reference_step": 0.01,
+    "variants": ["never-reached", "half-throttled"],
 }
 
 
@@ -91,11 +102,12 @@ def summarize_microbench(results: dict[int, dict[str, VariantRounds]],
         off = by_variant.get(VARIANT_OFF)
         row: dict[str, VariantSummary] = {}
         for variant, rounds in by_variant.items():
-            ratio = None
+            ratio = added = None
             if off is not None:
                 ratio = Spread.of([x / o for x, o in zip(rounds.round_median_us, off.round_median_us) if o > 0])
+                added = Spread.of([x - o for x, o in zip(rounds.round_median_us, off.round_median_us)])
             summary = VariantSummary(variant, VARIANT_LETTERS[variant], Spread.of(rounds.round_median_us),
-                                     Spread.of(rounds.round_mean_us), ratio, rounds.state)
+                                     Spread.of(rounds.round_mean_us), ratio, rounds.state, added)
             row[variant] = summary
             spread = ratio if ratio is not None and variant != VARIANT_OFF else summary.us_per_call
             what = "ratio to off" if spread is ratio else "us per call"
@@ -115,23 +127,29 @@ def summarize_microbench(results: dict[int, dict[str, VariantRounds]],
 
 
 def target_verdicts(report: MicrobenchReport) -> list[str]:
-    """One line per target: met or not, with the figure (informational, never an exit code)."""
+    """One line per R and judged variant: the microseconds the limiter adds to schedule() against (a),
+    that as a fraction of the reference step at the same active places, met or not; the ratio to (a)
+    beside it (informational, never an exit code). Without a reference step, one line that says so."""
+    limit = TARGETS["max_added_fraction_of_reference_step"]
+    step_ms = report.reference_step_ms
+    active = report.settings.get("active_seqs")
     lines = []
-    limit_b = TARGETS["never-reached_max_ratio_every_r"]
+    if step_ms is None:
+        lines.append(f"no reference decode step for {active} active places (give the profile's "
+                     "engine.reference_step_ms, or --reference-step-ms, e.g. 1=5.5,64=7.2,256=13.0 for an H200): "
+                     f"the {limit:.0%} target is not judged; the ratios to (a) are in the table")
     for r, row in report.rows.items():
-        b = row.get("never-reached")
-        if b is not None and b.ratio_to_off is not None:
-            ok = b.ratio_to_off.median <= limit_b
-            lines.append(f"(b) at R={r}: {b.ratio_to_off.median:.2f}x off (spread {b.ratio_to_off.q1:.2f}.."
-                         f"{b.ratio_to_off.q3:.2f}), target <= {limit_b:.2f}x: {'met' if ok else 'NOT met'}")
-    t = TARGETS["throttled_max_ratio_at_r"]
-    row = report.rows.get(t["r"])
-    if row is not None:
-        for variant, limit in t["max_ratio"].items():
+        for variant in TARGETS["variants"]:
             s = row.get(variant)
-            if s is not None and s.ratio_to_off is not None:
-                ok = s.ratio_to_off.median <= limit
-                lines.append(f"({s.letter}) at R={t['r']}: {s.ratio_to_off.median:.2f}x off (spread "
-                             f"{s.ratio_to_off.q1:.2f}..{s.ratio_to_off.q3:.2f}), target <= {limit:.2f}x: "
-                             f"{'met' if ok else 'NOT met'}")
+            if s is None or s.added_us is None:
+                continue
+            ratio = (f"{s.ratio_to_off.median:.2f}x (a)" if s.ratio_to_off is not None else "")
+            added = f"+{s.added_us.median:.0f} us (spread {s.added_us.q1:+.0f}..{s.added_us.q3:+.0f})"
+            if step_ms is None:
+                lines.append(f"({s.letter}) at R={r}, A={active}: {added}, {ratio}")
+                continue
+            fraction = s.added_us.median / (step_ms * 1000)
+            lines.append(f"({s.letter}) at R={r}, A={active}: {added} = {fraction:.2%} of the {step_ms:.1f} ms "
+                         f"reference step ({report.reference_source}), target <= {limit:.0%}: "
+                         f"{'met' if fraction <= limit else 'NOT met'}; {ratio}")
     return lines
