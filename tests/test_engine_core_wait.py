@@ -65,11 +65,29 @@ def _stats_only_outputs():
     return {0: EngineCoreOutputs()}
 
 
-def test_engine_blocks_on_input_queue_while_users_wait_for_budget(monkeypatch):
+def _record_sleeps(monkeypatch) -> list[float]:
+    """The engine loop's ``time.sleep`` calls on this thread (not slept). Other threads sleep for real:
+    a thread left running by an earlier test, patched too, spun and filled the list (48,090 x 0.5 s
+    in a CI run)."""
+    import threading
     import time
 
-    slept = []
-    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    slept: list[float] = []
+    real_sleep = time.sleep
+    me = threading.get_ident()
+
+    def sleep(seconds: float) -> None:
+        if threading.get_ident() == me:
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return slept
+
+
+def test_engine_blocks_on_input_queue_while_users_wait_for_budget(monkeypatch):
+    slept = _record_sleeps(monkeypatch)
     engine = _engine(_stats_only_outputs(), wait_s=0.03)
     engine._process_engine_step()
     assert engine.input_queue.timeouts == [0.03]
@@ -84,12 +102,9 @@ def test_a_request_arriving_during_the_wait_is_handled_at_once():
 
 
 def test_no_wait_without_throttled_users_or_after_request_outputs(monkeypatch):
-    import time
-
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 
-    slept = []
-    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    slept = _record_sleeps(monkeypatch)
     nobody_waiting = _engine(_stats_only_outputs(), wait_s=None)
     nobody_waiting._process_engine_step()
     with_outputs = _engine(
@@ -142,10 +157,7 @@ def test_with_async_scheduling_the_empty_batch_in_flight_is_finished_then_the_en
     """Async scheduling queues the empty batch a step scheduled while every user waits for budget:
     the loop finishes it and blocks on the input queue (before, it slept 1 ms and scheduled the next
     empty batch: a 1 kHz poll, 0.36 CPUs of the EngineCore in cpu-tiny's waiting scenario)."""
-    import time
-
-    slept = []
-    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    slept = _record_sleeps(monkeypatch)
     engine, batch = _async_engine(0, wait_s=0.04)
     engine._process_engine_step()
     assert engine.updated == [(batch, "model output")]
@@ -155,10 +167,7 @@ def test_with_async_scheduling_the_empty_batch_in_flight_is_finished_then_the_en
 
 
 def test_with_async_scheduling_a_batch_that_runs_the_model_is_not_waited_for(monkeypatch):
-    import time
-
-    slept = []
-    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    slept = _record_sleeps(monkeypatch)
     engine, _ = _async_engine(3, wait_s=0.04)
     engine._process_engine_step()
     assert engine.updated == [] and len(engine.batch_queue) == 1
@@ -167,12 +176,9 @@ def test_with_async_scheduling_a_batch_that_runs_the_model_is_not_waited_for(mon
 
 
 def test_with_async_scheduling_outputs_of_the_empty_batch_go_out_and_the_engine_does_not_wait(monkeypatch):
-    import time
-
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 
-    slept = []
-    monkeypatch.setattr(time, "sleep", lambda s: slept.append(s))
+    slept = _record_sleeps(monkeypatch)
     out = {0: EngineCoreOutputs(outputs=[EngineCoreOutput(request_id="r", new_token_ids=[])])}
     engine, _ = _async_engine(0, wait_s=0.04, outputs_of_batch=out)
     engine._process_engine_step()
