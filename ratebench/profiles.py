@@ -122,18 +122,23 @@ class EngineFlags:
     reference_step_ms: dict[int, float] = field(default_factory=dict)
 
     def step_ms_at(self, batch: int) -> float | None:
-        """The reference decode step at ``batch`` requests: linear between the given sizes, the nearest
-        one's outside them; None without a table."""
-        if not self.reference_step_ms:
-            return None
-        sizes = sorted(self.reference_step_ms)
-        if batch <= sizes[0]:
-            return self.reference_step_ms[sizes[0]]
-        for lo, hi in zip(sizes, sizes[1:]):
-            if batch <= hi:
-                a, b = self.reference_step_ms[lo], self.reference_step_ms[hi]
-                return a + (b - a) * (batch - lo) / (hi - lo)
-        return self.reference_step_ms[sizes[-1]]
+        """The reference decode step at ``batch`` requests (:func:`step_ms_at`)."""
+        return step_ms_at(self.reference_step_ms, batch)
+
+
+def step_ms_at(steps: dict[int, float], batch: int) -> float | None:
+    """A decode step table (batch size -> ms) at ``batch`` requests: linear between the given sizes, the
+    nearest one's outside them; None for an empty table."""
+    if not steps:
+        return None
+    sizes = sorted(steps)
+    if batch <= sizes[0]:
+        return steps[sizes[0]]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if batch <= hi:
+            a, b = steps[lo], steps[hi]
+            return a + (b - a) * (batch - lo) / (hi - lo)
+    return steps[sizes[-1]]
 
 
 @dataclass

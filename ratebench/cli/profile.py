@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -141,7 +140,7 @@ def profile_scheduler(
             f"  R={r}: round {k + 1}/{rounds}", end="\r") if err.is_terminal else None)
         micro_report = profiling.summarize_microbench(results, ms)
         if steps:
-            micro_report.reference_step_ms = replace(prof.engine, reference_step_ms=steps).step_ms_at(active_seqs)
+            micro_report.reference_step_ms = profiles.step_ms_at(steps, active_seqs)
             micro_report.reference_source = "--reference-step-ms"
         elif prof.engine.reference_step_ms:
             micro_report.reference_step_ms = prof.engine.step_ms_at(active_seqs)
