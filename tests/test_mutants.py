@@ -635,8 +635,12 @@ def test_throttled_residents_keeping_their_slots_fail_work_conservation(judged, 
     waited 8.7 s for its first token against 7.5 ms alone). work-conservation names the phase; the
     crowd's own streams lose their turns too (stream-wait)."""
     _, verdict = judged("crowd", ThrottledKeepSlots, async_scheduling=async_scheduling)
+    # refusal-witness too (sync): with no slot given way, a stream whose turn came waits behind a
+    # request of a user below its limit that cannot enter either, its token kept and given back
+    # every step while its resident siblings are refused: users refused with budget left.
     assert_rejected_by(verdict, {("work-conservation", "shared", None)},
-                       only={"work-conservation", "stream-wait", "stream-fairness"} | ISOLATION)
+                       only={"work-conservation", "stream-wait", "stream-fairness",
+                             "refusal-witness"} | ISOLATION)
     assert check(verdict, "work-conservation", "shared", None).figure > 100
     assert check(verdict, "work-conservation", "baseline", None).passed
     assert_correct_passes(judged, "crowd", async_scheduling)

@@ -858,17 +858,15 @@ def test_the_feature_off_comparison_notices_a_limiter_off_path_that_only_reorder
     assert reordered != upstream
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect (issue 20, rule 4: places and admission weighted by limit, not done): the queue "
-    "goes in the order of arrival and the places in equal turns, so the fast user's first tokens wait 4 "
-    "to 63 steps behind the 24 users at their limits, and 3 to 5 of its 19 requests get none in the run"))
 @SYNC_AND_ASYNC
 def test_a_user_below_its_limit_goes_before_users_at_theirs(async_scheduling):
     # Rule 4 (FCFS), cpu-tiny's mix in small: 24 users at 15 tok/s each send a 6-token answer every
-    # 0.25 s (24 tok/s asked), so they are at their limits (their virtual clocks, their TATs, run
-    # ahead of now) and their requests queue for the 16 slots. A user at 5000 tok/s sends a 6-token
-    # request every 0.1 s: its clock reads now, so each goes to the head of the queue and takes a
-    # throttled resident's slot and a place at once.
+    # 0.25 s (24 tok/s asked), so they are at their limits (loads near 1) and their requests queue
+    # for the 16 slots. A user at 5000 tok/s sends a 6-token request every 0.1 s (a load of about
+    # 1 %): each goes to the head of the queue, ahead of the claimants of the users at their limits,
+    # takes a throttled resident's slot and, as a light user, a place before theirs. On the patch
+    # before (the queue in order of arrival, places in equal turns) its first tokens came 4 to 63
+    # steps late and 3 to 5 of its 19 requests got none in the run.
     clock = FakeClock()
     s = create_scheduler(default_tps=15, user_tps={"t": 5000}, max_num_seqs=16, max_num_active_seqs=4,
                          async_scheduling=async_scheduling, clock=clock)
