@@ -75,11 +75,13 @@ def test_a_neighbour_that_delays_the_first_token_fails_isolation_ttft(tmp_path):
 MIX_LIMITS = {"pro-00": 100, "pro-01": 100, "free-00": 20, "free-01": 20, "team-00": 2000}
 
 
-def mix_run(tmp_path, *, refusals=True, pro_01_limit=100, team_isolated=True):
+def mix_run(tmp_path, *, refusals=True, pro_01_limit=100, team_isolated=True, pro_01_burst=False):
     """A mix phase on the limiter-on engine and the same requests on the limiter-off engine
     (mix-baseline): free-00/01 at 20 tok/s, two streams of 40 tokens each (their limit binds);
     pro-00/01 at 100 tok/s, 12 answers of 6 tokens each, one every 100 ms (never out of budget);
-    team-00 at 2000 tok/s, a tier marked isolated. ``refusals``: the engine records refuse events."""
+    team-00 at 2000 tok/s, a tier marked isolated. ``refusals``: the engine records refuse events.
+    ``pro_01_burst``: pro-01 also sends a 40-token answer first, which runs it out of budget for about
+    0.4 s (refuse events), its later answers sent clear of its limit."""
     on = SimEngine("patched-sync", default_tps=100, user_tps={**MIX_LIMITS, "pro-01": pro_01_limit},
                    record_refusals=refusals)
     off = SimEngine("feature-off-sync", feature=False, default_tps=None)
@@ -89,6 +91,8 @@ def mix_run(tmp_path, *, refusals=True, pro_01_limit=100, team_isolated=True):
                for k in range(2) for i in range(12)]
         out += [SimRequest(f"rb-5e1f0001-{prefix + 300 + 10 * k + i}", f"free-0{k}", i, 40)
                 for k in range(2) for i in range(2)]
+        if pro_01_burst:
+            out.append(SimRequest(f"rb-5e1f0001-{prefix + 500}", "pro-01", 12, 40))
         return out + [SimRequest(f"rb-5e1f0001-{prefix + 400 + i}", "team-00", i, 10,
                                  arrive_offset_ns=150_000_000 * i) for i in range(6)]
 
@@ -167,6 +171,40 @@ def test_a_user_that_was_refused_charges_is_not_judged_by_isolation(tmp_path):
     assert [c for c in mix_checks(run_dir) if c.name == "isolation-ttft" and c.user == "pro tier"][0].passed is False
 
 
+def late_tokens(run_dir, user, late_ns, first_index):
+    """As if this user's requests of stream index ``first_index`` on in the mix phase got every token
+    ``late_ns`` later (sent on time)."""
+    def edit(recs):
+        for r in recs:
+            if r.phase == "mix" and r.user == user and r.stream_index >= first_index and r.chunk_ns:
+                r.chunk_ns = [t + late_ns for t in r.chunk_ns]
+                r.first_token_ns += late_ns
+                r.done_ns += late_ns
+
+    edit_client_records(run_dir, edit)
+
+
+def test_requests_of_a_bound_user_sent_clear_of_its_limit_are_judged_by_their_first_token(tmp_path):
+    """A user refused once is bound and skipped by the unit checks, but its requests sent while it had
+    budget are judged by their first token against the same requests on the limiter-off engine: a
+    limiter that kept a once-refused user's later requests waiting (2 s each) passed every check."""
+    run_dir = mix_run(tmp_path, pro_01_burst=True)
+    checks = mix_checks(run_dir)
+    clear = {c.name: c for c in checks if c.name.startswith("isolation-ttft-clear")}
+    assert set(clear) == {"isolation-ttft-clear", "isolation-ttft-clear-p90"}, clear
+    c50 = clear["isolation-ttft-clear"]
+    assert c50.user == "pro tier" and c50.passed, c50.explanation
+    assert "pro-01" in c50.explanation and " of their 13 requests sent clear" in c50.explanation
+    assert all(c.passed is not False for c in checks), [c.explanation for c in checks if c.passed is False]
+    late_tokens(run_dir, "pro-01", 2_000_000_000, 6)
+    checks = mix_checks(run_dir)
+    failed = [c for c in checks if c.passed is False]
+    assert [c.name for c in failed] == ["isolation-ttft-clear"], [c.explanation for c in failed]
+    assert failed[0].figure > 2000 and failed[0].user == "pro tier"
+    verdict = analyse_run(run_dir).verdict
+    assert "FAIL isolation-ttft-clear mix/mix@patched-sync pro tier" in verdict.summary()
+
+
 def test_an_engine_file_without_refusals_or_step_records_cannot_tell_and_never_passes(tmp_path):
     run_dir = mix_run(tmp_path, refusals=False, team_isolated=False)
     late_first_tokens(run_dir, {"pro-00", "pro-01"})
@@ -209,8 +247,10 @@ def test_step_records_without_refusals_say_no_limit_bound(tmp_path):
     checks = mix_checks(run_dir)
     # free was throttled in fact: its requests came faster than its limit allows on the limiter-off
     # engine, so its limit binds on them whatever the limiter-on engine recorded; it is told from the
-    # baseline alone and judged by the bound, not against the limiter-off engine's latencies
-    assert {c.user for c in checks if c.passed is not None} == {"pro tier", "team tier"}
+    # baseline alone and judged by the bound, not against the limiter-off engine's latencies; its
+    # first tokens, every request sent clear of a refusal, are (isolation-ttft-clear)
+    assert {c.user for c in checks if c.passed is not None and "-clear" not in c.name} == {"pro tier", "team tier"}
+    assert {c.user for c in checks if c.passed is not None and "-clear" in c.name} == {"free tier"}
     [binding] = [c for c in analyse_run(run_dir).verdict.checks if c.name == "isolation-binding"]
     assert "0 of" in binding.explanation and "asked more than their limits allow on the baseline" in binding.explanation
     assert "free-00" in binding.explanation

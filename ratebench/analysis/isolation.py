@@ -63,6 +63,11 @@ try:
 except ImportError:  # an events.py from before refusals were recorded: the kind ratebench/events.py gives them
     KIND_REFUSE = 4
 
+# A request is sent clear of its user's limit when no refuse event of its user falls from one token
+# period (1/N) plus this before it was sent to its first token: a user refused is out of budget for at
+# most one token period (its TAT was at most one token past the burst), and the step's clock reading
+# can trail the refusal by a step.
+CLEAR_STEP_NS = 10_000_000
 # samples each phase needs before a quantile is judged: one beyond it (p50: any)
 MIN_SAMPLES = {50: 1, 90: 10, 99: 100}
 QUANTILES = (50, 90, 99)
@@ -313,6 +318,8 @@ def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]
                 on = [i for u in unit.users for i in records_of.get((p.index, u), [])]
                 off = [i for u in unit.users for i in records_of.get((base.index, u), [])]
                 out.extend(_unit_checks(run, cache, p, base, unit, on, off, th))
+            if p.kind == "mix" and binding.known:
+                out.extend(_clear_checks(run, p, base, binding, units, records_of, th))
     return out
 
 
@@ -418,3 +425,90 @@ def _unit_checks(run: RunData, cache: dict, p: PhaseRecord, base: PhaseRecord, u
         out.append(Check("isolation-rate", *ids, round(ratio, 4), th.isolation_min, ">=", "x baseline",
                          (ratio >= th.isolation_min) if unit.judged else None, text + tail))
     return out
+
+
+def _refuse_times(run: RunData, engine: str) -> dict[str, np.ndarray]:
+    """user -> the sorted times of its refuse events on ``engine`` (empty without an event file)."""
+    trace = run.traces.get(engine)
+    if trace is None:
+        return {}
+    recs = trace.records
+    m = recs["kind"] == KIND_REFUSE
+    t, user = recs["t_ns"][m], recs["user"][m].astype(np.int64)
+    out: dict[str, np.ndarray] = {}
+    if len(t):
+        g = group_by(user)
+        t_g = t[g.order]
+        for k, a, b in zip(g.keys.tolist(), g.starts.tolist(), g.ends.tolist()):
+            out[trace.events.strings[k]] = np.sort(t_g[a:b])
+    return out
+
+
+def _clear_pairs(run: RunData, p: PhaseRecord, base: PhaseRecord, u: str, refused: np.ndarray,
+                 records_of: dict) -> list[tuple[int, int]]:
+    """The requests of bound user ``u`` in mix phase ``p`` sent clear of its limit, each paired with
+    the same request on ``base`` (the k-th scheduled with the k-th; none when the counts differ): no
+    refuse event of ``u`` from one token period before it was sent (the longest a user refused stays
+    out of budget) to its first token, and a first token on both engines."""
+    def by_schedule(idx: list[int]) -> list[int]:
+        return sorted(idx, key=lambda i: (run.records[i].scheduled_ns or 0, i))
+
+    on, off = by_schedule(records_of.get((p.index, u), [])), by_schedule(records_of.get((base.index, u), []))
+    limit = p.users[u].limit_tps
+    if len(on) != len(off) or not limit:
+        return []
+    period = int(1e9 / limit) + CLEAR_STEP_NS
+    out = []
+    for i, j in zip(on, off):
+        r, b = run.records[i], run.records[j]
+        if r.sent_ns is None or r.first_token_ns is None or b.sent_ns is None or b.first_token_ns is None:
+            continue
+        k = np.searchsorted(refused, r.sent_ns - period, "left")
+        if k < len(refused) and refused[k] <= r.first_token_ns:
+            continue
+        out.append((i, j))
+    return out
+
+
+def _clear_checks(run: RunData, p: PhaseRecord, base: PhaseRecord, binding: Binding, units: list[Unit],
+                  records_of: dict, th: Thresholds) -> list[Check]:
+    """A mix tier's requests sent clear of their users' limits, of its bound users (refused a charge in
+    the phase, or past their limits on the baseline: the unit checks skip them), against the same
+    requests on the baseline: time to first token at p50 and p90."""
+    judged_users = {u for unit in units if unit.judged for u in unit.users}
+    refused_at = _refuse_times(run, p.engine)
+    tiers: dict[str, list[str]] = {}
+    bound = dict(binding.refused)
+    for u in binding.over_limit:
+        bound[u] = bound.get(u, 0) + 1
+    for u, n in bound.items():
+        if n and u in p.users and u not in judged_users:
+            tiers.setdefault(p.users[u].tier or u, []).append(u)
+    out = []
+    factor, slack_ns = th.isolation_ttft_factor, th.isolation_ttft_slack_ns
+    for tier, members in sorted(tiers.items()):
+        pairs = [pair for u in sorted(members)
+                 for pair in _clear_pairs(run, p, base, u, refused_at.get(u, np.empty(0, np.int64)), records_of)]
+        if not pairs:
+            continue
+        on = np.array([run.records[i].first_token_ns - run.records[i].sent_ns for i, _ in pairs], dtype=np.int64)
+        off = np.array([run.records[j].first_token_ns - run.records[j].sent_ns for _, j in pairs], dtype=np.int64)
+        label = f"{tier} tier" if p.users[members[0]].tier else tier
+        total = sum(len(records_of.get((p.index, u), [])) for u in members)
+        head = (f"{label}, {_count(members, 'bound user')} ({_names(sorted(members))}): "
+                f"{len(pairs)} of their {total} requests sent clear of their limits (no refuse event of their "
+                f"user from one token period before sent to the first token) vs the same requests on the "
+                f"baseline {base.phase}@{base.engine} (client side)")
+        for q in (50, 90):
+            x, b = float(np.percentile(on, q)), float(np.percentile(off, q))
+            allowed = factor * b + slack_ns
+            enough = len(pairs) >= MIN_SAMPLES[q]
+            text = (f"{head}: p{q} time to first token {x / 1e6:.1f} ms vs {b / 1e6:.1f} ms, allowed {factor:g} x + "
+                    f"{slack_ns / 1e6:g} ms = {allowed / 1e6:.1f} ms")
+            if not enough:
+                text += f"; too few samples for a p{q} ({MIN_SAMPLES[q]} needed): information only"
+            name = "isolation-ttft-clear" if q == 50 else f"isolation-ttft-clear-p{q}"
+            out.append(Check(name, p.scenario, p.phase, p.engine, label, round(x / 1e6, 3), round(allowed / 1e6, 3),
+                             "<=", "ms", (x <= allowed) if enough else None, text))
+    return out
+

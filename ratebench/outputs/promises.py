@@ -158,6 +158,10 @@ CHECKS: dict[str, CheckMeaning] = {
                           ("isolation-gap-p50", "between tokens (p50)"),
                           ("isolation-gap-p90", "between tokens (p90)"),
                           ("isolation-gap-p99", "between tokens (p99)"))},
+    **{name: CheckMeaning("4", f"a request sent while its user had budget (its user's limit bound elsewhere in the "
+                          f"phase) waited longer for its first token ({q}) beside throttled users than the same "
+                          "request on the limiter-off engine", _ISOLATION_LOOK)
+       for name, q in (("isolation-ttft-clear", "p50"), ("isolation-ttft-clear-p90", "p90"))},
     "isolation-binding": CheckMeaning("4", "whose limit bound in a mix phase (refuse events), so which tiers "
                                       "isolation judged (information)", "{events}: the refuse events (kind 4)"),
     "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _LOWER),
