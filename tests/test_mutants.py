@@ -28,6 +28,7 @@ from mutants.broken import (
     NoRefund,
     NoClaims,
     NoWaitingPreemption,
+    PenaltyAfterRefusal,
     QueueWaitsAtFullCap,
     QueuedWhileRefused,
     PlacesInListOrder,
@@ -198,6 +199,26 @@ def crowd() -> Workload:
     ], scheduler_kw=dict(max_num_seqs=8))
 
 
+def crowd_mix() -> Workload:
+    """The crowd as a mix with tiers: ten free users at 5 tok/s with two streams each hold the 8
+    slots; four pro users at 100 tok/s each open with a 60-token answer, which runs them out of
+    budget (refused: bound users), then send 6-token answers one after the other from 1 s on, sent
+    clear of their limits; the same pro requests alone are the baseline."""
+    free = [f"free-{i}" for i in range(10)]
+    pro = [f"pro-{i}" for i in range(4)]
+    tiers = {**{u: "free" for u in free}, **{u: "pro" for u in pro}}
+
+    def pro_streams(start_s: float) -> list[Stream]:
+        return [Stream(u, 60, start_s=start_s) for u in pro] + [
+            Stream(u, 6, requests=12, start_s=start_s + 1.0, pause_s=0.05) for u in pro]
+
+    return Workload(default_tps=100, user_tps={u: 5 for u in free}, phases=[
+        Phase("mix-baseline", pro_streams(0.0), role="baseline", scenario="mix", kind="mix", tiers=tiers),
+        Phase("mix", [Stream(u, 16) for u in free for _ in range(2)] + pro_streams(0.3),
+              role="measure", scenario="mix", kind="mix", tiers=tiers, params={"stream_wait": free}),
+    ], scheduler_kw=dict(max_num_seqs=8))
+
+
 def _under_priority(make, priorities: dict[str, int]):
     """``make``'s workload under the PRIORITY policy, each user's streams at ``priorities[user]`` (0
     if absent; lower goes first): the policy's own paths of the patch (running sorted by turn, not
@@ -225,7 +246,7 @@ crowd_priority = _under_priority(crowd, {})
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
                                      isolation_priority, active_places_priority, kv_tiny_priority, kv_growth,
-                                     crowd, crowd_priority)}
+                                     crowd, crowd_priority, crowd_mix)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
 
 
@@ -644,3 +665,18 @@ def test_throttled_residents_keeping_their_slots_fail_work_conservation(judged, 
     assert check(verdict, "work-conservation", "shared", None).figure > 100
     assert check(verdict, "work-conservation", "baseline", None).passed
     assert_correct_passes(judged, "crowd", async_scheduling)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_penalty_that_outlives_the_budget_is_rejected(judged, async_scheduling):
+    """A user refused once stays blocked a second past its ready time. It counts as bound, so the tier
+    checks skip it. In the harness its baseline runs on the same (broken) scheduler, so the clear
+    requests' first tokens (isolation-ttft-clear, which the synthetic isolation tests show alone) are
+    late on both sides; what rejects it here is the turns of the throttled users' streams (a free
+    stream waits 2.2 s for its first token, 1.1 s allowed) and of the bound users' own streams."""
+    _, verdict = judged("crowd_mix", PenaltyAfterRefusal, async_scheduling=async_scheduling)
+    names = {name for name, _, _ in failures(verdict)}
+    assert names & {"stream-wait", "stream-fairness"}, verdict.summary()
+    assert names <= {"stream-wait", "stream-fairness", "isolation-ttft-clear", "isolation-ttft-clear-p90"}, \
+        verdict.summary()
+    assert_correct_passes(judged, "crowd_mix", async_scheduling)

@@ -378,3 +378,26 @@ class ThrottledKeepSlots(Mutant):
         scheduler._output_rate_victim = (
             lambda request, benched=False, for_slot=False: None if for_slot else victim(request, benched)
         )
+
+
+class PenaltyAfterRefusal(Mutant):
+    """A user refused a charge stays blocked a second past its ready time (a penalty that outlives its
+    budget; no further refuse event is recorded, as for any user known to be blocked): its next
+    requests, sent with budget to spare, wait. The user counts as bound (refused in the phase), so
+    only its requests sent clear of its limit can show it."""
+
+    name = "penalty-after-refusal"
+
+    def apply(self, scheduler) -> None:
+        refuse = scheduler._refuse_output_rate_charge
+
+        def penalise(request, num_computed_tokens, now_ns):
+            given = refuse(request, num_computed_tokens, now_ns)
+            user = request.output_rate_user
+            blocked = scheduler._output_rate_blocked_until
+            if blocked.get(user, 0) > now_ns and not getattr(request, "_penalised", False):
+                blocked[user] += 1_000_000_000
+                request._penalised = True
+            return given
+
+        scheduler._refuse_output_rate_charge = penalise

@@ -81,6 +81,7 @@ class Phase:
     kind: str = "seed-experiment"
     max_s: float = 60.0  # give up (and fail loudly) after this much fake time
     params: dict = field(default_factory=dict)  # more of scenarios.json's params (place_share, stream_wait)
+    tiers: dict[str, str] = field(default_factory=dict)  # user -> its tier (a mix's users)
 
 
 @dataclass
@@ -266,7 +267,8 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
             "scenario": phase.scenario, "kind": phase.kind, "phase": phase.name, "engine": ENGINE,
             "start_ns": start_ns, "end_ns": end_ns, "role": phase.role,
             "users": {u: {"limit_tps": workload.limit_of(u), "streams": sum(s.user == u for s in phase.streams),
-                          "backlogged": u in phase.backlogged} for u in users},
+                          "backlogged": u in phase.backlogged,
+                          **({"tier": phase.tiers[u]} if u in phase.tiers else {})} for u in users},
             "params": {"max_tokens": max(s.max_tokens for s in phase.streams), "ignore_eos": True,
                        "prompt_tokens": max(s.prompt_len for s in phase.streams), "harness": True,
                        **phase.params},
