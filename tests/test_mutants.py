@@ -26,6 +26,7 @@ from mutants.broken import (
     HalfRate,
     NeverThrottle,
     NoRefund,
+    KeptKVNeverGiven,
     NoClaims,
     NoWaitingPreemption,
     PenaltyAfterRefusal,
@@ -219,6 +220,20 @@ def crowd_mix() -> Workload:
     ], scheduler_kw=dict(max_num_seqs=8))
 
 
+def kv_kept() -> Workload:
+    """Throttled requests out of their slots keep their KV (no recompute when they resume) only until
+    a user with budget needs it. User s (2 tok/s) has three 96-token streams on 2 slots of 20 KV
+    blocks of 16 tokens: two resident (7 blocks each), one queued. User b's short requests take a
+    slot each time (a resident of s gives way, keeping its blocks); then b sends a 200-token prompt
+    (13 blocks), which fits only with the blocks a request out of its slot keeps."""
+    return Workload(default_tps=100, user_tps={"s": 2, "b": 100_000}, phases=[
+        Phase("kept", [Stream("s", 4, prompt_len=96) for _ in range(3)]
+              + [Stream("b", 4, prompt_len=10, requests=3, start_s=0.3, pause_s=0.05),
+                 Stream("b", 4, prompt_len=200, start_s=0.6)],
+              scenario="kv-kept", kind="kv-pressure", params={"stream_wait": ["s"]}, max_s=15.0),
+    ], scheduler_kw=dict(num_blocks=21, block_size=16, max_num_seqs=2, max_num_active_seqs=2))
+
+
 def _under_priority(make, priorities: dict[str, int]):
     """``make``'s workload under the PRIORITY policy, each user's streams at ``priorities[user]`` (0
     if absent; lower goes first): the policy's own paths of the patch (running sorted by turn, not
@@ -246,7 +261,7 @@ crowd_priority = _under_priority(crowd, {})
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
                                      isolation_priority, active_places_priority, kv_tiny_priority, kv_growth,
-                                     crowd, crowd_priority, crowd_mix)}
+                                     crowd, crowd_priority, crowd_mix, kv_kept)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
 
 
@@ -665,6 +680,18 @@ def test_throttled_residents_keeping_their_slots_fail_work_conservation(judged, 
     assert check(verdict, "work-conservation", "shared", None).figure > 100
     assert check(verdict, "work-conservation", "baseline", None).passed
     assert_correct_passes(judged, "crowd", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_kv_kept_out_of_a_slot_while_a_user_with_budget_waits_for_it_is_rejected(judged, async_scheduling):
+    """A request that gave its slot keeps its KV whoever needs it: b's long prompt waits with a free
+    slot and idle places until s's budget returns. The step records count KV kept out of a slot as
+    free (the scheduler takes it back on demand), so work-conservation sees the room."""
+    _, verdict = judged("kv_kept", KeptKVNeverGiven, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("work-conservation", "kept", None)},
+                       only={"work-conservation", "stream-wait", "stream-fairness", "reconciliation", "delivery"}
+                       | ISOLATION)
+    assert_correct_passes(judged, "kv_kept", async_scheduling)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

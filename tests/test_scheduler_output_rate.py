@@ -251,6 +251,73 @@ def test_throttled_residents_give_their_slot_to_a_user_with_budget(async_schedul
     assert a0.num_output_tokens == 6 and c0.num_output_tokens == 6
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_throttled_resident_giving_its_slot_keeps_its_kv_and_resumes_without_recompute(async_scheduling):
+    """The slot goes, the KV stays: the request leaves the runner (preempted, so the model runner
+    frees its row) with its blocks and computed tokens, and when its user is ready it comes back
+    with one token to compute, not its prompt and answer again."""
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, user_tps={"a": 2, "c": 1, "b": 1000}, max_num_seqs=2,
+                         max_num_active_seqs=2, clock=clock, async_scheduling=async_scheduling)
+    e = Engine(s, clock, step_s=0.01)
+    a0 = make_request("a0", user="a", prompt_len=40, max_tokens=6)
+    c0 = make_request("c0", user="c", prompt_len=40, max_tokens=6)
+    e.add(a0, c0)
+    for _ in range(3):
+        e.step()
+    assert c0.output_rate_parked
+    blocks, computed = s.kv_cache_manager.get_block_ids("c0"), c0.num_computed_tokens
+    e.add(make_request("b0", user="b", max_tokens=3))
+    out = e.step()
+    assert "c0" in out.preempted_req_ids and c0.status == RequestStatus.PREEMPTED
+    assert s.kv_cache_manager.get_block_ids("c0") == blocks and c0.num_computed_tokens == computed
+    resumed = None
+    for _ in range(400):
+        out = e.step()
+        if "c0" in out.num_scheduled_tokens:
+            resumed = out
+            break
+    assert resumed is not None
+    assert resumed.num_scheduled_tokens["c0"] == 1  # a decode, no recompute
+    assert "c0" in resumed.scheduled_cached_reqs.resumed_req_ids
+    i = resumed.scheduled_cached_reqs.req_ids.index("c0")
+    assert resumed.scheduled_cached_reqs.new_block_ids[i][0] == blocks[0]  # the blocks it kept
+    e.run_for_s(10)
+    e.drain()
+    assert a0.num_output_tokens == 6 and c0.num_output_tokens == 6
+
+
+def test_kv_kept_by_a_request_out_of_its_slot_is_given_to_a_user_with_budget():
+    """A request that gave its slot keeps its KV only while nobody with budget needs it: a request
+    of a user with budget that does not fit takes it (the one out of its slot recomputes when it
+    resumes) rather than waiting or preempting a resident."""
+    clock = FakeClock()
+    # 8 blocks of 16 tokens: a0 and c0 hold 3 each (40-token prompts); b0's 64-token prompt needs 5
+    s = create_scheduler(default_tps=1, user_tps={"a": 2, "c": 1, "b": 1000}, max_num_seqs=2,
+                         max_num_active_seqs=2, num_blocks=9, block_size=16, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    a0 = make_request("a0", user="a", prompt_len=40, max_tokens=6)
+    c0 = make_request("c0", user="c", prompt_len=40, max_tokens=6)
+    e.add(a0, c0)
+    for _ in range(3):
+        e.step()
+    e.add(make_request("b0", user="b", prompt_len=8, max_tokens=3))
+    out = e.step()  # b0 takes c0's slot; c0 keeps its blocks
+    assert "c0" in out.preempted_req_ids and c0.num_computed_tokens > 0
+    free_before = s.kv_cache_manager.block_pool.get_num_free_blocks()
+    e.run_for_s(0.05)  # b0 done; c0's user is out of budget for a second
+    b1 = make_request("b1", user="b", prompt_len=16 * (free_before + 2), max_tokens=3)
+    e.add(b1)
+    out = e.step()
+    assert "b1" in out.num_scheduled_tokens, "b1 waited while a request out of its slot held KV"
+    assert not out.preempted_req_ids - {"c0"}
+    assert c0.num_computed_tokens == 0 and not s.kv_cache_manager.get_block_ids("c0")[0]
+    assert a0.output_rate_parked  # the resident was not touched
+    e.run_for_s(10)
+    e.drain()
+    assert a0.num_output_tokens == 6 and c0.num_output_tokens == 6 and b1.num_output_tokens == 3
+
+
 def test_running_loop_schedules_at_most_the_active_cap():
     clock = FakeClock()
     s = create_scheduler(

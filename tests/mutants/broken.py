@@ -401,3 +401,15 @@ class PenaltyAfterRefusal(Mutant):
             return given
 
         scheduler._refuse_output_rate_charge = penalise
+
+
+class KeptKVNeverGiven(Mutant):
+    """A throttled request that gave its slot keeps its KV until it is readmitted, whoever needs it:
+    a request of a user with budget that does not fit without those blocks waits (after the parked
+    residents are preempted for it), with a free slot and idle places, until the throttled user's
+    budget returns."""
+
+    name = "kept-kv-never-given"
+
+    def apply(self, scheduler) -> None:
+        scheduler._drop_output_rate_kept_kv = lambda request: False
