@@ -222,16 +222,17 @@ def crowd_mix() -> Workload:
 
 def kv_kept() -> Workload:
     """Throttled requests out of their slots keep their KV (no recompute when they resume) only until
-    a user with budget needs it. User s (2 tok/s) has three 96-token streams on 2 slots of 20 KV
+    a user with budget needs it. User s (2 tok/s) has three 96-token streams on 2 slots of 32 KV
     blocks of 16 tokens: two resident (7 blocks each), one queued. User b's short requests take a
-    slot each time (a resident of s gives way, keeping its blocks); then b sends a 200-token prompt
-    (13 blocks), which fits only with the blocks a request out of its slot keeps."""
+    slot each time (a resident of s gives way, keeping its blocks);
+    then b sends a 416-token prompt (26 blocks), which fits only with the blocks a request out of its
+    slot keeps."""
     return Workload(default_tps=100, user_tps={"s": 2, "b": 100_000}, phases=[
         Phase("kept", [Stream("s", 4, prompt_len=96) for _ in range(3)]
               + [Stream("b", 4, prompt_len=10, requests=3, start_s=0.3, pause_s=0.05),
-                 Stream("b", 4, prompt_len=200, start_s=0.6)],
+                 Stream("b", 4, prompt_len=416, start_s=0.6)],
               scenario="kv-kept", kind="kv-pressure", params={"stream_wait": ["s"]}, max_s=15.0),
-    ], scheduler_kw=dict(num_blocks=21, block_size=16, max_num_seqs=2, max_num_active_seqs=2))
+    ], scheduler_kw=dict(num_blocks=32, block_size=16, max_num_seqs=2, max_num_active_seqs=2))
 
 
 def _under_priority(make, priorities: dict[str, int]):

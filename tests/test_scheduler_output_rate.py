@@ -292,9 +292,9 @@ def test_kv_kept_by_a_request_out_of_its_slot_is_given_to_a_user_with_budget():
     of a user with budget that does not fit takes it (the one out of its slot recomputes when it
     resumes) rather than waiting or preempting a resident."""
     clock = FakeClock()
-    # 8 blocks of 16 tokens: a0 and c0 hold 3 each (40-token prompts); b0's 64-token prompt needs 5
+    # 12 blocks of 16 tokens: a0 and c0 hold 3 each (40-token prompts)
     s = create_scheduler(default_tps=1, user_tps={"a": 2, "c": 1, "b": 1000}, max_num_seqs=2,
-                         max_num_active_seqs=2, num_blocks=9, block_size=16, clock=clock)
+                         max_num_active_seqs=2, num_blocks=12, block_size=16, clock=clock)
     e = Engine(s, clock, step_s=0.01)
     a0 = make_request("a0", user="a", prompt_len=40, max_tokens=6)
     c0 = make_request("c0", user="c", prompt_len=40, max_tokens=6)
