@@ -323,6 +323,9 @@ class ClientRecord:
     cancel_ns: int | None = None
     openai_user: str | None = None  # the OpenAI "user" field, if the scenario sent one
     spoof: str | None = None  # the channels through which the request named another user, if any
+    # the answer's token ids as streamed (choices[].token_ids, sent with return_token_ids); None when the
+    # server sent none (a run folder from before they were recorded, or a server that ignores the field)
+    token_ids: list[int] | None = None
 
     @property
     def streamed_tokens(self) -> int:

@@ -30,6 +30,7 @@ from ratebench.events import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.mix import mix_requests, tier_of_users
 from ratebench.trace import TraceRequest, read_trace
+from ratebench.analysis.answers import GREEDY_PARAM
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
 # Engine roles: the engine with the limiter on, the same with engine events off (overhead
@@ -695,7 +696,13 @@ async def _trace_streams(ctx: ScenarioContext, engine: EngineRef, requests: list
         return StreamRequest(user=r.user, prompt=prompt, max_tokens=r.max_tokens, api=r.api, ignore_eos=not r.eos,
                              delay_s=r.at_s, cancel_after_tokens=r.cancel_after_tokens,
                              cancel_after_s=r.cancel_after_s, stream_index=i, prompt_tokens=exact,
-                             loop_group=r.user if r.loop_streams else None, loop_streams=r.loop_streams or 1)
+                             loop_group=r.user if r.loop_streams else None, loop_streams=r.loop_streams or 1,
+                             # answers that run to max_tokens are greedy: the same request gets the same
+                             # answer on every engine (answers-intact holds it against the limiter-off
+                             # one); those that end with EOS sample (the tiny model's greedy answers end
+                             # after 2 to 4 tokens). Not a per-request seed: the CPU build's engine dies
+                             # on a seeded request's partial prefill ("CPU Generator does not use offset").
+                             extra_body={} if r.eos else {"temperature": 0.0})
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
 
@@ -764,9 +771,11 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
 
     def phase_of(phase: str, role: str):
         async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
-            reqs = await _trace_streams(ctx, engine, requests, _salt(ctx, engine, phase))
+            # the same prompts on every engine (each engine runs the mix once, so no prompt meets the
+            # prefix cache it left): the limiter-on and limiter-off answers can be held together
+            reqs = await _trace_streams(ctx, engine, requests, f"{ctx.driver.run_id} {ctx.spec.name} mix")
             await ctx.phase(engine, phase, reqs, _mix_users(p, requests), role=role,
-                            params={"trace_duration_s": max(r.at_s for r in requests)})
+                            params={"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True})
         return run
 
     plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, m), phase_of("mix", "measure"),

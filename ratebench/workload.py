@@ -161,7 +161,7 @@ class ChunkReader:
     :meth:`finish` turns those into the record's lists once, at the end of the stream.
     """
 
-    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "buf", "closing")
+    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "ids", "buf", "closing")
 
     def __init__(self, rec: ClientRecord, cancel_after_tokens: int | None) -> None:
         self.rec = rec
@@ -169,6 +169,7 @@ class ChunkReader:
         self.seen = 0  # usage.completion_tokens of the last chunk
         self.times = array("q")  # chunks that carried tokens: arrival time
         self.counts = array("q")  # tokens in each of those chunks
+        self.ids: array | None = None  # the answer's token ids (choices[].token_ids), when the server sends them
         self.buf = b""  # an event not complete yet
         self.closing = False  # feed said True because the driver closes the stream (cancel_after_tokens)
 
@@ -235,6 +236,11 @@ class ChunkReader:
         for choice in choices:
             if choice.get("finish_reason"):
                 rec.finish_reason = choice["finish_reason"]
+            ids = choice.get("token_ids")
+            if ids:
+                if self.ids is None:
+                    self.ids = array("q")
+                self.ids.extend(ids)
         if self.cancel_after_tokens is not None and self.seen >= self.cancel_after_tokens:
             rec.cancelled = True
             rec.cancel_ns = time.monotonic_ns()
@@ -246,6 +252,8 @@ class ChunkReader:
         """The record's chunk lists, once the stream is over."""
         self.rec.chunk_ns = self.times.tolist()
         self.rec.chunk_tokens = self.counts.tolist()
+        if self.ids is not None:
+            self.rec.token_ids = self.ids.tolist()
 
 
 class LoopLagProbe:
@@ -593,6 +601,9 @@ def request_body(model: str, req: StreamRequest) -> dict[str, Any]:
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
         "ignore_eos": req.ignore_eos,
         "temperature": 1.0,
+        # the answer's token ids in each chunk: what the client got, to hold against the same request
+        # on the limiter-off engine (answers-intact)
+        "return_token_ids": True,
     }
     if req.api == "chat":
         text = req.prompt if isinstance(req.prompt, str) else None

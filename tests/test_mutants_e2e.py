@@ -443,3 +443,61 @@ def test_an_engine_that_waits_past_the_ready_time_fails_even_spacing(tmp_path, t
     # the bound holds; the rate may suffer as well (delivery)
     assert {name for name, _ in failed} <= {"even-spacing-dispatch", "even-spacing-emit", "delivery"}, \
         verdict.summary()
+
+
+# a throttled resident that gives its slot to a user with budget loses its KV blocks but keeps its
+# computed tokens: it resumes (no recompute) on blocks that hold nothing of its own
+YIELD_LOSING_KV = '''
+cls = module.Scheduler
+shipped_yield = cls._yield_output_rate_slot
+
+def yield_losing_kv(self, request, timestamp):
+    kept = shipped_yield(self, request, timestamp)
+    if kept:
+        if not self.__dict__.get("_mutant_said"):
+            self._mutant_said = True
+            print("ratebench test mutant: a request out of its slot lost its KV", file=sys.stderr, flush=True)
+        self.kv_cache_manager.free(request)
+    return kept
+
+cls._yield_output_rate_slot = yield_losing_kv
+'''
+
+# more throttled users than slots (8), beside a tier whose limit never binds: throttled residents give
+# their slots way and resume; the same greedy requests on the limiter-off engine
+_CROWD_MIX = """
+[[scenarios]]
+kind = "mix"
+name = "crowd"
+seed = 3
+duration_s = 3
+output_tokens = { dist = "uniform", low = 6, high = 12 }
+prompt_tokens = { dist = "lognormal", median = 24, sigma = 0.5, max = 120 }
+lateness_ms = 100
+baseline = true
+[[scenarios.tiers]]
+name = "crowd"
+users = 12
+limit_tps = 5
+arrival = "closed"
+streams = 2
+requests = 2
+[[scenarios.tiers]]
+name = "steady"
+users = 4
+limit_tps = 2000
+tier_rate = 20
+"""
+
+
+def test_an_engine_that_resumes_requests_on_kv_they_lost_fails_answers_intact(tmp_path, tiny_model):
+    """Promise 3: a throttled answer resumes intact. Here a request moved out of its slot loses its KV
+    but resumes as if it had kept it: every answer still has its length and its tokens come on time
+    (bound, spacing, reconciliation hold), but what follows the resume is another text: the greedy
+    answers differ from the limiter-off engine's."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": YIELD_LOSING_KV}, _CROWD_MIX)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a request out of its slot lost its KV" in logs, "no request gave its slot: the path was not run"
+    assert ("answers-intact", None) in _failed(verdict), verdict.summary()
+    (check,) = [c for c in verdict.failures if c.name == "answers-intact"]
+    assert check.figure >= 3, check.explanation

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.isolation import isolation_checks
@@ -123,7 +124,31 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_pressure(run, th))
     checks.extend(_work_conservation(run, th))
     checks.extend(_refusal_witness(run, th))
+    checks.extend(_answers_intact(run))
     return checks
+
+
+def _answers_intact(run: RunData) -> list[Check]:
+    """Per greedy mix phase: every answer (up to where it was cut) token for token as the same request's
+    on the limiter-off engine (analysis/answers.py)."""
+    out = []
+    for c in answer_comparisons(run):
+        ids = (c.scenario, c.phase, c.engine, None)
+        against = f"the same requests on {c.base_phase}@{c.base_engine}"
+        if not c.compared:
+            out.append(Check("answers-intact", *ids, None, 0, "<=", "requests", None,
+                             f"no greedy answer to compare with {against}"
+                             + (f" ({c.without_ids} without token ids)" if c.without_ids else "")))
+            continue
+        text = f"{len(c.differing)} of {c.compared} greedy answers ({c.tokens} tokens) differ from {against}"
+        if c.differing:
+            d = c.differing[0]
+            text += (f"; first: {d.client_id} ({d.user or 'anonymous'}) from token {d.position}: "
+                     f"{d.on} against {d.off}")
+        if c.without_ids:
+            text += f"; {c.without_ids} pairs without token ids not compared"
+        out.append(Check("answers-intact", *ids, len(c.differing), 0, "<=", "requests", not c.differing, text))
+    return out
 
 
 def _bound_client(b: BoundResult, w: WitnessResult | None, ids) -> Check:

@@ -134,6 +134,11 @@ CHECKS: dict[str, CheckMeaning] = {
                                    "tokens disagree, it was cut short, or it was answered with an error",
                                    "requests.jsonl and {events} for the request the explanation names",
                                    also=("reconciliation",)),
+    "answers-intact": CheckMeaning("3", "a greedy answer of a mix differs from the same request's on the "
+                                   "limiter-off engine: a request paused, moved out of its slot or resumed "
+                                   "got another request's KV, or lost its own",
+                                   "requests.jsonl: the token_ids of the request the explanation names, against "
+                                   "the same request (stream_index) in the baseline phase"),
     "cancellation": CheckMeaning("3", "after a client cancel the engine did not stop at once (or never finished "
                                  "the request)", "{events}: the finish event of the request the explanation "
                                  "names; {plot}, the streams panel", also=("reconciliation",)),
