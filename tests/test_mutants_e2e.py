@@ -501,3 +501,35 @@ def test_an_engine_that_resumes_requests_on_kv_they_lost_fails_answers_intact(tm
     assert ("answers-intact", None) in _failed(verdict), verdict.summary()
     (check,) = [c for c in verdict.failures if c.name == "answers-intact"]
     assert check.figure >= 3, check.explanation
+
+
+# throttled residents keep their slots (the patch before work conservation): no slot is given to a
+# request of a user with budget, which waits in the queue while the active places idle
+KEEP_SLOTS = '''
+cls = module.Scheduler
+shipped_victim = cls._output_rate_victim
+
+def victim_but_no_slot(self, request, benched=False, for_slot=False):
+    if for_slot:
+        if not self.__dict__.get("_mutant_said"):
+            self._mutant_said = True
+            print("ratebench test mutant: throttled residents keep their slots", file=sys.stderr, flush=True)
+        return None
+    return shipped_victim(self, request, benched)
+
+cls._output_rate_victim = victim_but_no_slot
+'''
+
+
+def test_an_engine_whose_throttled_residents_keep_their_slots_fails_work_conservation(tmp_path, tiny_model):
+    """Promise 4: throttled users never hold a resident slot a user with budget waits for. Here the
+    crowd's parked requests keep all 8 slots: the steady tier's requests queue behind them while the
+    active places idle. The engine's step records show it (work-conservation), and the steady tier
+    feels it (isolation against the same requests on the limiter-off engine)."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": KEEP_SLOTS}, _CROWD_MIX)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "throttled residents keep their slots" in logs, "no slot was asked for: the path was not run"
+    failed = _failed(verdict)
+    assert ("work-conservation", None) in failed, verdict.summary()
+    (check,) = [c for c in verdict.failures if c.name == "work-conservation"]
+    assert check.figure > 10, check.explanation
