@@ -498,6 +498,7 @@ def test_an_engine_that_resumes_requests_on_kv_they_lost_fails_answers_intact(tm
     verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": YIELD_LOSING_KV}, _CROWD_MIX)
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
     assert "a request out of its slot lost its KV" in logs, "no request gave its slot: the path was not run"
+    print(verdict.summary())
     assert ("answers-intact", None) in _failed(verdict), verdict.summary()
     (check,) = [c for c in verdict.failures if c.name == "answers-intact"]
     assert check.figure >= 3, check.explanation
@@ -524,12 +525,62 @@ cls._output_rate_victim = victim_but_no_slot
 def test_an_engine_whose_throttled_residents_keep_their_slots_fails_work_conservation(tmp_path, tiny_model):
     """Promise 4: throttled users never hold a resident slot a user with budget waits for. Here the
     crowd's parked requests keep all 8 slots: the steady tier's requests queue behind them while the
-    active places idle. The engine's step records show it (work-conservation), and the steady tier
-    feels it (isolation against the same requests on the limiter-off engine)."""
-    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": KEEP_SLOTS}, _CROWD_MIX)
+    active places idle. The engine's step records show it (work-conservation)."""
+    # (no baseline phase: work conservation is judged from the limiter-on engine's own step records)
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": KEEP_SLOTS},
+                          _CROWD_MIX.replace("baseline = true", "baseline = false"))
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
     assert "throttled residents keep their slots" in logs, "no slot was asked for: the path was not run"
+    print(verdict.summary())
     failed = _failed(verdict)
     assert ("work-conservation", None) in failed, verdict.summary()
     (check,) = [c for c in verdict.failures if c.name == "work-conservation"]
     assert check.figure > 10, check.explanation
+
+
+# the recorder lies: its header says the 100 ms burst, and it stamps each user's dispatches and emits on
+# an even 1/N schedule (never earlier than the truth), so a one-second burst reads as a user served
+# evenly at its limit
+SMOOTHING_RECORDER = '''
+cls = module.OutputRateEventRecorder
+shipped_init = cls.__init__
+shipped_end_step = cls.end_step
+
+def init_smoothing(self, path, meta):
+    shipped_init(self, path, {**meta, "burst_ns": 100_000_000})
+    self._mutant_rates = (meta.get("default_tps"), dict(meta.get("user_tps") or {}))
+    self._mutant_next = {}
+    print("ratebench test mutant: a recorder that smooths its stamps", file=sys.stderr, flush=True)
+
+def end_step_smoothing(self):
+    default, users = self._mutant_rates
+    if default and self._pending:
+        smoothed = []
+        for t, kind, reason, req, user, count in self._pending:
+            if kind in (module.KIND_DISPATCH, module.KIND_EMIT):
+                key = (user, kind)
+                t = max(t, self._mutant_next.get(key, 0))
+                self._mutant_next[key] = t + count * (1_000_000_000 // users.get(user, default))
+            smoothed.append((t, kind, reason, req, user, count))
+        self._pending = smoothed
+    shipped_end_step(self)
+
+cls.__init__ = init_smoothing
+cls.end_step = end_step_smoothing
+'''
+
+
+def test_a_real_engine_with_a_burst_its_recorder_smooths_away_fails_the_client_witness(tmp_path, tiny_model):
+    """Two witnesses: a limiter with a one-second burst whose event recorder stamps each user's tokens on
+    an even 1/N schedule (and writes the 100 ms burst in its header) passes every check made on the
+    file alone. The client, on the same clock, got user-a's burst at once: its tokens arrive before
+    the engine says it emitted them (witness-order), and its chunks break the bound (bound-client)."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.output_rate": BURST_1S,
+                                     "vllm.v1.core.sched.output_rate_events": SMOOTHING_RECORDER}, _SEED)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a recorder that smooths its stamps" in logs, "the recorder was not replaced"
+    print(verdict.summary())
+    failed = _failed(verdict)
+    assert {("witness-order", "user-a"), ("bound-client", "user-a")} <= failed, verdict.summary()
+    # on its own file the user looks served evenly at its limit: the bound holds there
+    assert not {("bound-dispatch", "user-a"), ("bound-emit", "user-a")} & failed, verdict.summary()
