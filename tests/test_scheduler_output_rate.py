@@ -318,6 +318,81 @@ def test_kv_kept_by_a_request_out_of_its_slot_is_given_to_a_user_with_budget():
     assert a0.num_output_tokens == 6 and c0.num_output_tokens == 6 and b1.num_output_tokens == 3
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_the_step_record_counts_the_waiting_requests_of_users_with_budget(tmp_path, monkeypatch, policy):
+    """The step record's ready count (per user from the FCFS queue's counts, per request otherwise)
+    equals a count request by request; the KV need of the smallest ready request is measured when
+    the step left a place, token budget and a slot free with nothing throttled (where the
+    work-conservation check reads it), and is 0 otherwise."""
+    from collections import Counter
+
+    monkeypatch.setenv("VLLM_OUTPUT_RATE_EVENTS_FILE", str(tmp_path / "events.rbev"))
+    clock = FakeClock()
+    s = create_scheduler(default_tps=5, user_tps={"fast": 1000}, max_num_seqs=4, max_num_active_seqs=2,
+                         clock=clock, policy=policy)
+    records = []
+    shipped_step = s.output_rate_events.step
+    s.output_rate_events.step = lambda record: (records.append(record), shipped_step(record))
+    e = Engine(s, clock, step_s=0.01)
+    rng = random.Random(7)
+    checked = 0
+    for k in range(400):
+        if k < 200:
+            for j in range(2):
+                user = rng.choice(["a", "b", "c", "d", "fast", "fast"])
+                e.add(make_request(f"r{k}-{j}", user=user, prompt_len=rng.randint(4, 60),
+                                   max_tokens=rng.randint(1, 6)))
+        e.step()
+        record = records[-1]
+        (t_ns, reqs, tokens, resident, throttled, waiting, ready, _, _, ready_blocks) = record
+        limiter = s.output_rate_limiter
+        queued = list(s.waiting) + list(s.kv_holding_waiting)
+        if policy == "fcfs":
+            assert s.waiting.count_of == Counter(r.output_rate_user for r in s.waiting)
+
+        def is_ready(user):
+            return s._output_rate_blocked_until.get(user, 0) <= t_ns and limiter.ready_at_ns(user) <= t_ns
+
+        ready_now = [r for r in queued if is_ready(r.output_rate_user)]
+        assert ready == len(ready_now)
+        free_place = throttled == 0 and reqs < 2 and tokens < s.max_num_scheduled_tokens and resident < 4
+        if free_place and ready_now:
+            smallest = min(r.num_tokens for r in ready_now)
+            assert ready_blocks == -(-smallest // s.block_size) + getattr(s.kv_cache_manager, "watermark_blocks", 0)
+        else:
+            assert ready_blocks == 0
+        checked += 1
+    # (a correct scheduler leaves no place and slot free while a ready request waits unless the KV is
+    # short: the next test)
+    assert checked == 400 and sum(r[6] > 0 for r in records) > 50
+    e.run_for_s(30)
+    e.drain()
+    s.shutdown()
+
+
+def test_the_step_record_measures_the_kv_a_ready_request_lacks(tmp_path, monkeypatch):
+    """A request of a user with budget that does not fit in the KV left, with a place and a slot free
+    and nothing throttled: the step record gives the blocks it needs (not the limiter's doing)."""
+    monkeypatch.setenv("VLLM_OUTPUT_RATE_EVENTS_FILE", str(tmp_path / "events.rbev"))
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1000, max_num_seqs=4, max_num_active_seqs=2, num_blocks=9,
+                         block_size=16, clock=clock)
+    records = []
+    shipped_step = s.output_rate_events.step
+    s.output_rate_events.step = lambda record: (records.append(record), shipped_step(record))
+    e = Engine(s, clock, step_s=0.01)
+    e.add(make_request("big", user="a", prompt_len=90, max_tokens=40))
+    e.step()
+    e.add(make_request("next", user="b", prompt_len=60, max_tokens=4))  # 4 blocks; 2 are free
+    e.step()
+    (_, reqs, _, resident, throttled, waiting, ready, _, kv_free, ready_blocks) = records[-1]
+    assert (reqs, resident, throttled, waiting, ready) == (1, 1, 0, 1, 1)
+    assert ready_blocks == 4 + getattr(s.kv_cache_manager, "watermark_blocks", 0) > kv_free
+    e.run_for_s(5)
+    e.drain()
+    s.shutdown()
+
+
 def test_running_loop_schedules_at_most_the_active_cap():
     clock = FakeClock()
     s = create_scheduler(
