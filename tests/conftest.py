@@ -54,3 +54,13 @@ def hold_engine_lock() -> Iterator[None]:
 def engine_lock() -> Iterator[None]:
     with hold_engine_lock():
         yield
+
+
+def patched_tiny_spec(tiny_model: Path, flags: list[str], default_tps: int, user_tps: dict[str, int]):
+    """A limiter-on, synchronous patched engine serving the tiny model as "tiny-qwen3" (1 GiB of CPU KV
+    space), for the end-to-end tests that start their own engine."""
+    from ratebench.engine import EngineSpec
+
+    return EngineSpec(name="patched", kind="patched", feature=True, async_scheduling=False,
+                      model=str(tiny_model), served_name="tiny-qwen3", flags=flags, default_tps=default_tps,
+                      user_tps=user_tps, env={"VLLM_CPU_KVCACHE_SPACE": "1"})

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from ratebench.analysis import check_bound, rate_figures
-from ratebench.engine import EngineSpec, start_engine
+from conftest import patched_tiny_spec
+from ratebench.engine import start_engine
 from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH, client_id_of, read_engine_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("patched_vllm", "engine_lock")]
@@ -60,18 +61,8 @@ async def _stream(client: httpx.AsyncClient, base: str, user: str, client_id: st
 
 
 def test_patched_server_limits_one_user_with_four_streams(tmp_path, tiny_model):
-    spec = EngineSpec(
-        name="patched",
-        kind="patched",
-        feature=True,
-        async_scheduling=False,
-        model=str(tiny_model),
-        served_name="tiny-qwen3",
-        flags=["--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager"],
-        default_tps=100,
-        user_tps={"user-a": LIMITS["user-a"], "user-b": LIMITS["user-b"]},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
+    spec = patched_tiny_spec(tiny_model, ["--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager"],
+                             100, {"user-a": LIMITS["user-a"], "user-b": LIMITS["user-b"]})
     engine = start_engine(spec, tmp_path / "engine", timeout_s=600)
     run = uuid.uuid4().hex[:8]
     try:

@@ -16,7 +16,8 @@ import httpx
 import numpy as np
 import pytest
 
-from ratebench.engine import EngineSpec, start_engine
+from conftest import patched_tiny_spec
+from ratebench.engine import start_engine
 from ratebench.events import read_engine_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("patched_vllm", "engine_lock")]
@@ -47,21 +48,11 @@ async def _complete(client: httpx.AsyncClient, base: str, user: str, prompt: str
 
 
 def test_answers_resumed_after_giving_a_slot_away_are_the_answers_alone(tmp_path, tiny_model):
-    spec = EngineSpec(
-        name="patched",
-        kind="patched",
-        feature=True,
-        async_scheduling=False,
-        model=str(tiny_model),
-        served_name="tiny-qwen3",
-        # two slots: the throttled user's two answers fill them, so each request of user b takes
-        # the slot of one of them (the one whose turn is furthest)
-        flags=["--max-model-len", "2048", "--max-num-seqs", "2", "--max-num-active-seqs", "2",
-               "--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "256"],
-        default_tps=1000,
-        user_tps={"slow": 8},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-    )
+    # two slots: the throttled user's two answers fill them, so each request of user b takes the slot
+    # of one of them (the one whose turn is furthest)
+    spec = patched_tiny_spec(tiny_model, ["--max-model-len", "2048", "--max-num-seqs", "2",
+                                          "--max-num-active-seqs", "2", "--enforce-eager", "--block-size", "32",
+                                          "--num-gpu-blocks-override", "256"], 1000, {"slow": 8})
     engine = start_engine(spec, tmp_path / "engine", timeout_s=600)
     try:
 

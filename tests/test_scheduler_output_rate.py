@@ -251,21 +251,28 @@ def test_throttled_residents_give_their_slot_to_a_user_with_budget(async_schedul
     assert a0.num_output_tokens == 6 and c0.num_output_tokens == 6
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
-def test_a_throttled_resident_giving_its_slot_keeps_its_kv_and_resumes_without_recompute(async_scheduling):
-    """The slot goes, the KV stays: the request leaves the runner (preempted, so the model runner
-    frees its row) with its blocks and computed tokens, and when its user is ready it comes back
-    with one token to compute, not its prompt and answer again."""
+def _two_throttled_residents(**kw):
+    """Two slots, both held by throttled requests of 40-token prompts (a0 at 2 tok/s, c0 at 1 tok/s:
+    c0's user is ready last); user b at 1000 tok/s sends next."""
     clock = FakeClock()
     s = create_scheduler(default_tps=1, user_tps={"a": 2, "c": 1, "b": 1000}, max_num_seqs=2,
-                         max_num_active_seqs=2, clock=clock, async_scheduling=async_scheduling)
+                         max_num_active_seqs=2, clock=clock, **kw)
     e = Engine(s, clock, step_s=0.01)
     a0 = make_request("a0", user="a", prompt_len=40, max_tokens=6)
     c0 = make_request("c0", user="c", prompt_len=40, max_tokens=6)
     e.add(a0, c0)
     for _ in range(3):
         e.step()
-    assert c0.output_rate_parked
+    assert a0.output_rate_parked and c0.output_rate_parked
+    return s, e, a0, c0
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_throttled_resident_giving_its_slot_keeps_its_kv_and_resumes_without_recompute(async_scheduling):
+    """The slot goes, the KV stays: the request leaves the runner (preempted, so the model runner
+    frees its row) with its blocks and computed tokens, and when its user is ready it comes back
+    with one token to compute, not its prompt and answer again."""
+    s, e, a0, c0 = _two_throttled_residents(async_scheduling=async_scheduling)
     blocks, computed = s.kv_cache_manager.get_block_ids("c0"), c0.num_computed_tokens
     e.add(make_request("b0", user="b", max_tokens=3))
     out = e.step()
@@ -291,16 +298,8 @@ def test_kv_kept_by_a_request_out_of_its_slot_is_given_to_a_user_with_budget():
     """A request that gave its slot keeps its KV only while nobody with budget needs it: a request
     of a user with budget that does not fit takes it (the one out of its slot recomputes when it
     resumes) rather than waiting or preempting a resident."""
-    clock = FakeClock()
-    # 12 blocks of 16 tokens: a0 and c0 hold 3 each (40-token prompts)
-    s = create_scheduler(default_tps=1, user_tps={"a": 2, "c": 1, "b": 1000}, max_num_seqs=2,
-                         max_num_active_seqs=2, num_blocks=12, block_size=16, clock=clock)
-    e = Engine(s, clock, step_s=0.01)
-    a0 = make_request("a0", user="a", prompt_len=40, max_tokens=6)
-    c0 = make_request("c0", user="c", prompt_len=40, max_tokens=6)
-    e.add(a0, c0)
-    for _ in range(3):
-        e.step()
+    # 12 blocks of 16 tokens: a0 and c0 hold 3 each
+    s, e, a0, c0 = _two_throttled_residents(num_blocks=12, block_size=16)
     e.add(make_request("b0", user="b", prompt_len=8, max_tokens=3))
     out = e.step()  # b0 takes c0's slot; c0 keeps its blocks
     assert "c0" in out.preempted_req_ids and c0.num_computed_tokens > 0
