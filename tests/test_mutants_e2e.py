@@ -500,8 +500,10 @@ def test_an_engine_that_resumes_requests_on_kv_they_lost_fails_answers_intact(tm
     assert "a request out of its slot lost its KV" in logs, "no request gave its slot: the path was not run"
     print(verdict.summary())
     assert ("answers-intact", None) in _failed(verdict), verdict.summary()
+    # how many answers part depends on how many throttled requests gave their slot right before a
+    # token: 9 of 77 in one run, 2 of 77 in another; any is a failure
     (check,) = [c for c in verdict.failures if c.name == "answers-intact"]
-    assert check.figure >= 3, check.explanation
+    assert check.figure >= 1, check.explanation
 
 
 # throttled residents keep their slots (the patch before work conservation): no slot is given to a
