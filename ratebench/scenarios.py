@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable
 import httpx
 
 from ratebench.analysis import overhead as overhead_analysis
+from ratebench.analysis.answers import GREEDY_PARAM
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.engine import engine_core_cpu_s
@@ -30,7 +31,6 @@ from ratebench.events import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.mix import mix_requests, tier_of_users
 from ratebench.trace import TraceRequest, read_trace
-from ratebench.analysis.answers import GREEDY_PARAM
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
 
 # Engine roles: the engine with the limiter on, the same with engine events off (overhead
