@@ -235,6 +235,40 @@ def kv_kept() -> Workload:
     ], scheduler_kw=dict(num_blocks=32, block_size=16, max_num_seqs=2, max_num_active_seqs=2))
 
 
+def burst_mix(seed: int = 4) -> Workload:
+    """cpu-tiny's mix in small, open loop (each request its own stream, sent at its time): 36 free
+    users at 15 tok/s (80 requests a second for the tier) and 12 pro users at 100 tok/s (65 a
+    second) and 4 team users at 2000 tok/s (40 a second), answers of 2 to 10 tokens; at 1 s six burst users at 50 tok/s send three 8-to-16-token
+    requests each at once. 16 slots, 4 places, a few hundred requests queued. The burst users'
+    streams must take turns (stream-fairness): one of them queued, out of its slot, whose turn has
+    come, takes its user's next token and its user's next place, before light users' requests and
+    before its siblings (the patch before: 3 to 10 tokens apart in 5 of 12 seeds)."""
+    import random
+
+    rng = random.Random(seed)
+    duration_s, tiers, limits, streams = 3.0, {}, {}, []
+
+    def open_loop(users: list[str], limit: int, rate: float, tier: str) -> None:
+        for u in users:
+            tiers[u], limits[u] = tier, limit
+        t = rng.expovariate(rate)
+        while t < duration_s:
+            streams.append(Stream(rng.choice(users), rng.randint(2, 10),
+                                  prompt_len=min(200, int(rng.lognormvariate(3.18, 0.5))), start_s=t))
+            t += rng.expovariate(rate)
+
+    open_loop([f"free-{i:02d}" for i in range(36)], 15, 80, "free")
+    open_loop([f"pro-{i:02d}" for i in range(12)], 100, 65, "pro")
+    open_loop([f"team-{i}" for i in range(4)], 2000, 40, "team")
+    for i in range(6):
+        tiers[f"burst-{i}"], limits[f"burst-{i}"] = "burst", 50
+        streams += [Stream(f"burst-{i}", rng.randint(8, 16), prompt_len=24, start_s=1.0) for _ in range(3)]
+    return Workload(default_tps=100, user_tps=limits, phases=[
+        Phase("mix", streams, scenario="mix", kind="mix", tiers=tiers)],
+        scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=4, num_blocks=512, block_size=32,
+                          max_num_batched_tokens=512))
+
+
 def _under_priority(make, priorities: dict[str, int]):
     """``make``'s workload under the PRIORITY policy, each user's streams at ``priorities[user]`` (0
     if absent; lower goes first): the policy's own paths of the patch (running sorted by turn, not
@@ -646,6 +680,29 @@ def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_
     failed = {name for name, phase, user in failures(verdict) if phase == "shared" and user == "user-a"}
     assert failed & {"stream-fairness", "stream-wait"}, verdict.summary()
     assert failed <= {"stream-fairness", "stream-wait"}, verdict.summary()
+
+
+@pytest.mark.parametrize("seed, async_scheduling, policy", [(4, False, "fcfs"), (0, True, "fcfs"),
+                                                          (2, True, "fcfs"), (4, False, "priority")],
+                         ids=["sync-4", "async-0", "async-2", "priority-4"])
+def test_a_burst_users_streams_keep_turns_in_a_crowded_mix(tmp_path, seed, async_scheduling, policy):
+    # Rule 3 with rule 4's queue: a burst user's stream out of its slot, queued behind light users'
+    # requests, whose turn has come takes its user's next token and place; its siblings do not pass
+    # it with the tokens left of their user's burst. The patch before failed these seeds: streams 4
+    # (sync 4) and 4 and 5 (async 0) tokens apart (its claimant, kept a token at every step, was not
+    # reached behind light users' requests, and a claim counted a stream that had been resident
+    # twice); work-conservation (async 2: a request whose last step was in flight held a place).
+    workload = burst_mix(seed)
+    workload.scheduler_kw["policy"] = policy
+    run = run_workload(tmp_path / "run", workload, async_scheduling=async_scheduling, step_s=0.0035,
+                       step_jitter=0.5, seed=seed)
+    verdict = verify_run(run.run_dir, plots=False)
+    assert verdict.passed, verdict.summary()
+    judged_burst = [c for c in verdict.checks if c.name == "stream-fairness" and c.user.startswith("burst")]
+    # FCFS: every burst user's three streams were active together and judged. Under PRIORITY (the
+    # queue is upstream's) one burst user's first stream spent its user's burst before its siblings
+    # got a place (none of the three active together, so not judged): a gap noted in the patch's README.
+    assert len(judged_burst) == (6 if policy == "fcfs" else 5), [c.user for c in judged_burst]
 
 
 @pytest.mark.xfail(strict=True, reason="known defect (issue 12): a preempted stream recomputing its prompt in "
