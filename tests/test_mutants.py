@@ -242,7 +242,8 @@ def burst_mix(seed: int = 4) -> Workload:
     requests each at once. 16 slots, 4 places, a few hundred requests queued. The burst users'
     streams must take turns (stream-fairness): one of them queued, out of its slot, whose turn has
     come, takes its user's next token and its user's next place, before light users' requests and
-    before its siblings (the patch before: 3 to 10 tokens apart in 5 of 12 seeds)."""
+    before its siblings (the patch before: 4 tokens apart in 1 of 12 sync seeds, 4 and 5 in 2 of 6
+    async)."""
     import random
 
     rng = random.Random(seed)
