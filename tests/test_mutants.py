@@ -237,13 +237,13 @@ def kv_kept() -> Workload:
 
 def burst_mix(seed: int = 4) -> Workload:
     """cpu-tiny's mix in small, open loop (each request its own stream, sent at its time): 36 free
-    users at 15 tok/s (80 requests a second for the tier) and 12 pro users at 100 tok/s (65 a
-    second) and 4 team users at 2000 tok/s (40 a second), answers of 2 to 10 tokens; at 1 s six burst users at 50 tok/s send three 8-to-16-token
-    requests each at once. 16 slots, 4 places, a few hundred requests queued. The burst users'
-    streams must take turns (stream-fairness): one of them queued, out of its slot, whose turn has
-    come, takes its user's next token and its user's next place, before light users' requests and
-    before its siblings (the patch before: 4 tokens apart in 1 of 12 sync seeds, 4 and 5 in 2 of 6
-    async)."""
+    users at 15 tok/s (80 requests a second for the tier), 12 pro users at 100 tok/s (65 a second)
+    and 4 team users at 2000 tok/s (40 a second), answers of 2 to 10 tokens; at 1 s six burst
+    users at 50 tok/s send three 8-to-16-token requests each at once. 16 slots, 4 places, a few
+    hundred requests queued. The burst users' streams must take turns (stream-fairness): one of
+    them queued, out of its slot, whose turn has come, takes its user's next token and its user's
+    next place, before light users' requests and before its siblings (the patch before: 4 tokens
+    apart in 1 of 12 sync seeds, 4 and 5 in 2 of 6 async)."""
     import random
 
     rng = random.Random(seed)
