@@ -483,7 +483,7 @@ class WarmUpPlan:
     requests only); the wave runs those shapes before any phase is timed.
     """
 
-    streams: int  # concurrent short streams: the profile's max_num_seqs
+    streams: int  # concurrent short streams (with the long one: the profile's max_num_seqs in all)
     long_prompt_tokens: int | None  # one more stream with a prompt this long (chunked prefill); None: none
     short_prompt_tokens: tuple[int, ...] = (16, 32, 48, 64)  # the short streams' prompt lengths, in turn
     max_tokens: int = 16
@@ -521,7 +521,7 @@ def warm_up(engine: RunningEngine, plan: WarmUpPlan | None = None) -> WarmUpResu
             if r.status_code != 200:
                 raise _warm_up_error(engine, path, f"answered HTTP {r.status_code}: {text[:300]}")
     sent, timed_out = len(bodies), False
-    if plan is not None and plan.streams > 0:
+    if plan is not None and (plan.streams > 0 or plan.long_prompt_tokens):
         wave, timed_out = asyncio.run(_warm_up_wave(engine, plan, first_index=sent))
         sent += wave
     return WarmUpResult(requests=sent, seconds=time.monotonic() - t0, timed_out=timed_out)

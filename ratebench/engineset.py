@@ -77,14 +77,18 @@ class EngineSet:
                            pristine_files=self.pristine_files)
 
     def warm_up_plan(self) -> WarmUpPlan:
-        """The warm-up wave: the profile's max_num_seqs short streams at once, and one prompt of
-        2.5 x max_num_batched_tokens (chunked prefill), within max_model_len."""
+        """The warm-up wave: as many streams at once as the engine has resident slots (the
+        profile's max_num_seqs), one of them a prompt of 2.5 x max_num_batched_tokens (chunked
+        prefill), within max_model_len. None waits for a slot: a wave one request larger queued
+        its last request, which a broken limiter that never frees a slot held for the whole
+        warm-up timeout."""
         e, m = self.profile.engine, self.profile.model
         plan = WarmUpPlan(streams=e.max_num_seqs, long_prompt_tokens=None)
         if e.enable_chunked_prefill is not False:
             chunk = e.max_num_batched_tokens or 2048
             room = (m.max_model_len or 4096) - plan.max_tokens - 1
             plan.long_prompt_tokens = max(1, min(chunk * 5 // 2, room))
+            plan.streams = max(0, e.max_num_seqs - 1)
         return plan
 
     # ---- start ------------------------------------------------------------------------
