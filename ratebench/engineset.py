@@ -35,7 +35,7 @@ from ratebench.events import EventFileError, read_engine_events
 from ratebench.manifest import Manifest
 from ratebench.plan import engine_spec, engines_wanted
 from ratebench.profiles import Profile
-from ratebench.scenarios import ROLE_FEATURE_ON, EngineRef, engine_name
+from ratebench.scenarios import ROLE_FEATURE_ON, EngineRef, engine_name, fleet_members
 
 EXTERNAL_ENGINE = "external"
 EVENTS_SETTLE_S = 0.5
@@ -58,6 +58,7 @@ class EngineSet:
         self.model_path: str | None = None
         self.running: dict[str, RunningEngine] = {}
         self.refs: dict[str, EngineRef] = {}
+        self.balancers: dict[str, Any] = {}  # fleet name -> its RunningBalancer (ratebench/balancer.py)
         self._pristine_files: dict[str, bytes | None] | None = None
         # wall seconds spent starting engines (until they serve), warming them up, stopping them
         self.stage_s: dict[str, float] = {"engines start": 0.0, "engines warm-up": 0.0, "engines stop": 0.0}
@@ -135,25 +136,84 @@ class EngineSet:
                                f"{result.seconds:.1f} s{', timed out' if result.timed_out else ''})")
         self.manifest.write()
 
+    @staticmethod
+    def processes_of(names: list[str]) -> list[str]:
+        """The engines that run for these phase engines: a fleet's members in its place."""
+        return list(dict.fromkeys(m for n in names for m in (fleet_members(n) or [n])))
+
     def ensure_engines(self, names: list[str]) -> None:
         """Start the engines not running yet and wait until they serve: all at once, or one after
         another on a GPU (vLLM sizes its KV cache from the GPU memory free while it starts; an engine
-        starting beside it skews that)."""
-        missing = [n for n in dict.fromkeys(names) if n not in self.running]
-        if not missing:
-            return
-        for wave in ([n] for n in missing) if self.profile.device == "cuda" else [missing]:
+        starting beside it skews that). A fleet's members start as engines; then its balancer."""
+        missing = [n for n in self.processes_of(names) if n not in self.running]
+        for wave in ([n] for n in missing) if self.profile.device == "cuda" else ([missing] if missing else []):
             t0 = time.monotonic()
             self._ready([self._launch(n) for n in wave], t0)
+        for name in dict.fromkeys(names):
+            if fleet_members(name) is not None and name not in self.balancers:
+                self._start_balancer(name)
 
     def arrange_engines(self, upcoming: list[str]) -> None:
         """Have the next phase's engine running, and as many of the following ones as
         profile.max_engines allows (started together); stop the others."""
         wanted = engines_wanted(upcoming, self.profile.max_engines)
+        self.stop_unneeded(wanted)
+        self.ensure_engines(wanted)
+
+    def stop_unneeded(self, needed: list[str] | set[str]) -> None:
+        """Stop every engine and balancer that none of these phase engines needs."""
+        needed = list(needed)
+        for fleet in list(self.balancers):
+            if fleet not in needed:
+                self._stop_balancer(fleet)
+        processes = self.processes_of(needed)
         for name in list(self.running):
-            if name not in wanted:
+            if name not in processes:
                 self.stop(name)
-        self.ensure_engines([n for n in wanted if n not in self.running])
+
+    # ---- a fleet's balancer -----------------------------------------------------------
+
+    def _fleet_header(self) -> str:
+        from ratebench.balancer import USER_HEADER
+
+        return next((s.params["user_header"] for s in self.profile.scenarios if s.kind == "fleet"), USER_HEADER)
+
+    def _start_balancer(self, fleet: str) -> None:
+        from ratebench.balancer import POLICIES, SERVED_BY_HEADER, start_balancer
+
+        members = fleet_members(fleet) or []
+        servers = {m: self.running[m].port for m in members}
+        header = self._fleet_header()
+        t0 = time.monotonic()
+        folder = self.run_dir / "balancers" / fleet
+        entry = {"kind": "haproxy", "members": members, "config": f"balancers/{fleet}/haproxy.cfg",
+                 "log_file": f"balancers/{fleet}/balancer.log", "user_header": header,
+                 "served_by_header": SERVED_BY_HEADER, "endpoints": None,
+                 "started_monotonic_ns": time.monotonic_ns(), "stopped_monotonic_ns": None}
+        self.manifest.data.setdefault("balancers", {})[fleet] = entry
+        balancer = start_balancer(servers, folder, list(POLICIES), user_header=header)
+        self.balancers[fleet] = balancer
+        entry.update(endpoints=balancer.endpoints, pid=balancer.process.pid)
+        self.manifest.write()
+        first = self.running[members[0]]
+        self.refs[fleet] = EngineRef(name=fleet, endpoint=first.endpoint, model=first.spec.served_name,
+                                     feature=first.spec.feature, kind="fleet", routes=dict(balancer.endpoints),
+                                     members=members, served_by_header=SERVED_BY_HEADER)
+        self.stage_s["engines start"] += time.monotonic() - t0
+        self.console.print(f"[bold]fleet[/] {fleet}: HAProxy in front of {', '.join(members)} "
+                           f"({', '.join(f'{p} at {u}' for p, u in balancer.endpoints.items())}; "
+                           f"user header {header})")
+
+    def _stop_balancer(self, fleet: str) -> None:
+        balancer = self.balancers.pop(fleet, None)
+        self.refs.pop(fleet, None)
+        if balancer is None:
+            return
+        killed = balancer.stop()
+        entry = self.manifest.data.setdefault("balancers", {}).get(fleet, {})
+        entry.update(stopped_monotonic_ns=time.monotonic_ns(), killed_pids=killed,
+                     exit_code=balancer.process.returncode)
+        self.manifest.write()
 
     # ---- stop -------------------------------------------------------------------------
 
@@ -209,6 +269,11 @@ class EngineSet:
             self.console.print(f"[yellow]warning:[/] {msg}")
 
     def stop_all(self, *, settle: bool = True) -> None:
+        for fleet in list(self.balancers):
+            try:
+                self._stop_balancer(fleet)
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                self.console.print(f"[red]balancer {fleet}: stop failed: {exc}[/]")
         for name in list(self.running):
             try:
                 self.stop(name, settle=settle)

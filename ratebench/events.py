@@ -326,6 +326,10 @@ class ClientRecord:
     # the answer's token ids as streamed (choices[].token_ids, sent with return_token_ids); None when the
     # server sent none (a run folder from before they were recorded, or a server that ignores the field)
     token_ids: list[int] | None = None
+    # a fleet's phase: the fleet's engine name (fleet<K>-<mode>) the request was sent through; ``engine``
+    # is then the member engine that served it (the balancer's response header), or the fleet's name
+    # when no engine did (refused by the balancer)
+    fleet: str | None = None
 
     @property
     def streamed_tokens(self) -> int:

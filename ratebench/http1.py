@@ -48,6 +48,9 @@ class BodyReader(Protocol):
     def closing(self) -> bool:
         """After ``feed`` said True: whether the driver closes the stream (False: it ended, drain it)."""
 
+    def head(self, status: int, headers: dict[str, str]) -> None:
+        """The response's status and headers (names and values lower-cased), before its body."""
+
 
 # response parse states
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(8)
@@ -172,6 +175,8 @@ class _Connection(asyncio.Protocol):
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip().lower()
         self.keep_alive = parts[0] == "HTTP/1.1" and headers.get("connection") != "close"
+        if self.reader is not None:
+            self.reader.head(self.status, headers)
         if self.status != 200:
             self.error_body = bytearray()
         if "chunked" in headers.get("transfer-encoding", ""):

@@ -20,6 +20,8 @@ from ratebench.scenarios import (
     ROLE_STOCK,
     PhaseEstimate,
     PhasePlan,
+    fleet_members,
+    member_base,
     plan_scenario,
 )
 
@@ -53,7 +55,7 @@ def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool
     ``pristine_files`` is called only for a stock engine beside the patch (served through the
     import overlay); ``use_patch`` False: every engine is stock vLLM as installed, limiter flags left out.
     """
-    role, mode = name.rsplit("-", 1)
+    role, mode = member_base(name).rsplit("-", 1)  # a fleet's member (patched-sync.e1) is a patched-sync
     feature = role in (ROLE_FEATURE_ON, ROLE_NO_EVENTS) and use_patch
     kind = "stock" if role == ROLE_STOCK or not use_patch else "patched"
     lim = profile.limits
@@ -75,9 +77,9 @@ def scenarios_for(profile: Profile, endpoint: str | None) -> tuple[list[Scenario
     specs, skipped = [], []
     for spec in profile.scenarios:
         if endpoint is not None:
-            if spec.kind == "overhead":
+            if spec.kind in ("overhead", "fleet"):
                 skipped.append({"scenario": spec.name,
-                                "why": "overhead needs engines ratebench launches (not --endpoint)"})
+                                "why": f"{spec.kind} needs engines ratebench launches (not --endpoint)"})
                 continue
             params = spec.params
             if spec.kind == "mix" and params.get("baseline"):
@@ -197,11 +199,14 @@ def plan_run(profile: Profile, *, model: str | None = None, endpoint: str | None
     specs_by_engine: dict[str, EngineSpec] = {}
     uses: dict[str, int] = {}
     for spec, phase in phases:
-        uses[phase.engine] = uses.get(phase.engine, 0) + 1
-        if endpoint is None and phase.engine not in specs_by_engine:
-            specs_by_engine[phase.engine] = engine_spec(profile, phase.engine, plan.model.path, use_patch=use_patch,
-                                                        pristine_files=dict)  # {}: the overlay, not its content
-        feature = endpoint is not None or specs_by_engine[phase.engine].feature
+        # a fleet's phase runs on each of its members (and its balancer)
+        for name in fleet_members(phase.engine) or [phase.engine]:
+            uses[name] = uses.get(name, 0) + 1
+            if endpoint is None and name not in specs_by_engine:
+                specs_by_engine[name] = engine_spec(profile, name, plan.model.path, use_patch=use_patch,
+                                                    pristine_files=dict)  # {}: the overlay, not its content
+        first = (fleet_members(phase.engine) or [phase.engine])[0]
+        feature = endpoint is not None or specs_by_engine[first].feature
         plan.phases.append(PlannedPhase(spec.name, spec.kind, phase.phase, phase.engine,
                                         phase.estimate(profile.limits if feature else None)))
     for name, spec in specs_by_engine.items():

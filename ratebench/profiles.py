@@ -73,6 +73,7 @@ with ``streams``, ``requests``, ``think_s``, ``backlogged``), are named
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -83,6 +84,7 @@ DEFAULT_PROFILE = "cpu-tiny"
 ANONYMOUS_USER = "__anonymous__"
 SCHEDULING_MODES = ("sync", "async")
 APIS = ("completions", "chat")
+FLEET_POLICIES = ("round-robin", "user-hash")  # the fleet kind's routing policies (ratebench/balancer.py)
 
 
 class ProfileError(ValueError):
@@ -241,6 +243,12 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, list) and len(v) == 2 and all(_pos_int(x) for x in v) and v[0] <= v[1],
         "[low, high]: two positive integers, low <= high",
     ),
+    "policies": (
+        lambda v: isinstance(v, list) and len(v) > 0 and len(set(v)) == len(v) and all(x in FLEET_POLICIES for x in v),
+        f"a non-empty list of distinct routing policies from {list(FLEET_POLICIES)}",
+    ),
+    "header": (lambda v: isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9-]+", v) is not None,
+               "an HTTP header name (letters, digits and -)"),
 }
 
 # Parameters every scenario kind takes.
@@ -399,6 +407,20 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         # engine steps allowed after a client's cancel (verify-bound's --cancel-max-steps when higher):
         # under a heavy mix an abort reaches the engine a few steps late, the limiter off alike
         "cancel_max_steps": ("pos_int", None),
+    },
+    # A fleet: `engines` limiter-on engines of the same flags behind a load balancer (HAProxy), one
+    # phase per routing policy. Each of `users` sends `streams` backlogged streams through the
+    # balancer, with its name in `user_header` (as a gateway that authenticates users sets it) and
+    # in vllm_xargs. The per-user bound is judged across the fleet as well as per engine: under
+    # round-robin a user's streams spread over the engines and the fleet gives it up to
+    # engines x its limit (FAIL, by design of the policy); under user-hash it holds.
+    "fleet": {
+        "users": ("user_list", REQUIRED),
+        "streams": ("pos_int", 4),
+        "max_tokens": ("pos_int", 60),
+        "engines": ("pos_int", 2),
+        "policies": ("policies", list(FLEET_POLICIES)),
+        "user_header": ("header", "X-Ratebench-User"),
     },
 }
 # Kinds whose requests say their own prompt and API (no common parameters).
@@ -663,6 +685,25 @@ class _Validator:
         self._scenario_rules(kind, params, where, limits, engine, model)
         return ScenarioSpec(name=name, kind=kind, scheduling=modes, params=params)
 
+    def _fleet_rules(self, p: dict, where: str, limits: Limits, model: ModelSpec) -> None:
+        if not p["users"]:
+            raise ProfileError(self.path, f"{where}.users", "at least one user", p["users"])
+        for user in p["users"]:
+            if user not in limits.user_tps:
+                raise ProfileError(self.path, f"{where}.users",
+                                   f"users declared in [limits.users] (known: {sorted(limits.user_tps)})", user)
+        if p["engines"] < 2:
+            raise ProfileError(self.path, f"{where}.engines", "at least 2 engines (a fleet of one is one engine)",
+                               p["engines"])
+        if p["streams"] < p["engines"]:
+            raise ProfileError(self.path, f"{where}.streams",
+                               f"at least as many streams as engines ({p['engines']}), so that round-robin spreads "
+                               "a user over the fleet", p["streams"])
+        if model.max_model_len is not None and p["prompt_tokens"] + p["max_tokens"] >= model.max_model_len:
+            raise ProfileError(self.path, f"{where}.max_tokens",
+                               f"prompt_tokens + max_tokens below model.max_model_len ({model.max_model_len})",
+                               p["max_tokens"])
+
     def _scenario_rules(self, kind: str, p: dict, where: str, limits: Limits, engine: EngineFlags,
                         model: ModelSpec) -> None:
         """What makes a scenario able to show what it is for."""
@@ -682,6 +723,9 @@ class _Validator:
                 raise ProfileError(self.path, f"{where}.user",
                                    f"a user whose limit is above {p['throttled_user']}'s "
                                    f"({limits.limit_of(p['throttled_user'])} tok/s)", p["user"])
+        if kind == "fleet":
+            self._fleet_rules(p, where, limits, model)
+            return
         if kind == "kv-pressure":
             self._kv_pressure_rules(p, where, limits, engine, max_len)
             return

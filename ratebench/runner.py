@@ -25,6 +25,7 @@ from typing import Any
 
 from rich.console import Console
 
+from ratebench.balancer import BalancerError
 from ratebench.engine import EngineError
 from ratebench.engineset import EXTERNAL_ENGINE, AttachError, EngineSet
 from ratebench.events import PhaseRecord
@@ -165,10 +166,7 @@ class Run:
                 asyncio.run(plan.run(ctx, engines.refs[plan.engine]))
             finally:
                 self.add_stage(f"scenario {spec.name}", time.monotonic() - t0)
-            later = {p.engine for _, p in plans[k + 1:]}
-            for name in list(engines.running):
-                if name not in later:
-                    engines.stop(name)
+            engines.stop_unneeded({p.engine for _, p in plans[k + 1:]})
 
     def finish(self, state: str, reason: str | None) -> None:
         if self.options.endpoint is not None and self.options.events_file is not None:
@@ -208,7 +206,7 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
     except EngineError as exc:
         engine_error = exc
         state, reason, code = "partial", f"engine failed: {exc}", EXIT_RUN_FAILED
-    except (RunError, AttachError, WorkloadError) as exc:
+    except (RunError, AttachError, WorkloadError, BalancerError) as exc:
         state, reason, code = "partial", str(exc), EXIT_RUN_FAILED
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised below for the traceback
         state, reason, code = "partial", f"{type(exc).__name__}: {exc}", EXIT_RUN_FAILED

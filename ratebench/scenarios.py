@@ -12,11 +12,12 @@ delivery check applies).
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -48,6 +49,30 @@ def engine_name(role: str, mode: str) -> str:
     return f"{role}-{mode}"
 
 
+# A fleet: K limiter-on engines behind a load balancer (ratebench/balancer.py). Its phases name the
+# fleet (fleet<K>-<mode>); each member is an engine of its own (patched-<mode>.e<k>: its folder, log
+# and event file), and each phase is recorded once per member, with the requests that member served.
+ROLE_FLEET = "fleet"
+_FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)-(sync|async)")
+
+
+def fleet_name(engines: int, mode: str) -> str:
+    return f"{ROLE_FLEET}{engines}-{mode}"
+
+
+def fleet_members(name: str) -> list[str] | None:
+    """The member engines of a fleet's name (None: not a fleet)."""
+    m = _FLEET_NAME.fullmatch(name)
+    if m is None:
+        return None
+    return [f"{engine_name(ROLE_FEATURE_ON, m.group(2))}.e{k}" for k in range(int(m.group(1)))]
+
+
+def member_base(name: str) -> str:
+    """The engine a fleet member is a copy of (patched-sync.e1 -> patched-sync); other names unchanged."""
+    return name.split(".", 1)[0]
+
+
 @dataclass
 class EngineRef:
     """What a scenario needs to know of a running engine."""
@@ -58,6 +83,10 @@ class EngineRef:
     feature: bool
     kind: str  # "patched" | "stock"
     pgid: int | None = None  # the engine's process group (None: attached to a server of someone else's)
+    # a fleet: its balancer's frontend per routing policy, its members, the header naming the serving engine
+    routes: dict[str, str] = field(default_factory=dict)
+    members: list[str] = field(default_factory=list)
+    served_by_header: str | None = None
 
 
 @dataclass
@@ -100,9 +129,14 @@ class ScenarioContext:
     async def phase(self, engine: EngineRef, phase: str, requests: list[StreamRequest],
                     users: dict[str, dict[str, Any]], *, role: str = "measure", concurrency: int | None = None,
                     params: dict[str, Any] | None = None,
-                    extra: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> PhaseRecord:
-        pctx = PhaseContext(scenario=self.spec.name, phase=phase, engine=engine.name, endpoint=engine.endpoint,
-                            model=engine.model)
+                    extra: Callable[[], Awaitable[dict[str, Any]]] | None = None,
+                    route: str | None = None) -> PhaseRecord:
+        """Run one phase on ``engine``; ``route``: a fleet's routing policy, whose balancer frontend the
+        requests go through (the phase is then recorded once per member engine)."""
+        pctx = PhaseContext(scenario=self.spec.name, phase=phase, engine=engine.name,
+                            endpoint=engine.routes[route] if route else engine.endpoint, model=engine.model,
+                            fleet=engine.name if route else None,
+                            served_by_header=engine.served_by_header if route else None)
         limits = {u: self.limit_of(engine, None if u == ANONYMOUS_USER else u) for u in users}
         await self._until_bursts_are_full(engine, limits)
         start_ns = time.monotonic_ns()
@@ -127,9 +161,28 @@ class ScenarioContext:
             core_after = engine_core_cpu_s(engine.pgid) if core_before is not None else None
             if core_after is not None:
                 record.engine_core_cpu_s = round(core_after - core_before, 3)
-            self.on_phase(record)
+            if route:
+                for member_record in _member_records(record, engine, route, self.driver.records):
+                    self.on_phase(member_record)
+            else:
+                self.on_phase(record)
         self.driver.console.print(f"  {phase_summary(record, records)}", highlight=False)
         return record
+
+
+def _member_records(record: PhaseRecord, fleet: EngineRef, route: str, records: list) -> list[PhaseRecord]:
+    """A fleet's phase as each member engine saw it: one record per member, with the users whose
+    requests it served (their streams counted there). ``params["fleet"]`` ties them together."""
+    mine = [r for r in records if r.fleet == fleet.name and r.scenario == record.scenario and r.phase == record.phase]
+    info = {"name": fleet.name, "policy": route, "members": list(fleet.members), "balancer": "haproxy",
+            "served_by_header": fleet.served_by_header,
+            "requests": len(mine), "unserved": sum(1 for r in mine if r.engine not in fleet.members)}
+    out = []
+    for member in fleet.members:
+        served = collections.Counter(r.user for r in mine if r.engine == member)
+        users = {u: {**entry, "streams": served[u]} for u, entry in record.users.items() if served.get(u)}
+        out.append(replace(record, engine=member, users=users, params={**record.params, "fleet": info}))
+    return out
 
 
 @dataclass
@@ -786,7 +839,33 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
     return plans
 
 
+def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
+    """A fleet of limiter-on engines behind a load balancer, one phase per routing policy: each user's
+    backlogged streams go through the balancer, the user named in the gateway's header and in
+    vllm_xargs. The verifier judges the per-user bound across the fleet (analysis/fleet.py)."""
+    p = spec.params
+
+    def run_of(policy: str):
+        async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+            salt = _salt(ctx, engine, policy)
+            reqs: list[StreamRequest] = []
+            for i, user in enumerate(p["users"]):  # a user's streams one after another: round-robin spreads them
+                reqs += await _streams(ctx, engine, user, p["streams"], p["max_tokens"], f"{salt} {user}",
+                                       first_index=i * p["streams"], headers={p["user_header"]: user})
+            await ctx.phase(engine, policy, reqs, {u: {"streams": p["streams"], "backlogged": True}
+                                                   for u in p["users"]},
+                            params={"ignore_eos": True, "policy": policy}, route=policy)
+        return run
+
+    def estimate(limits: Limits | None) -> PhaseEstimate:
+        return _at_limits(limits, [(u, p["streams"], p["max_tokens"]) for u in p["users"]])
+
+    return [PhasePlan(spec.name, policy, fleet_name(p["engines"], mode), run_of(policy), estimate)
+            for mode in spec.scheduling for policy in p["policies"]]
+
+
 _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {
+    "fleet": fleet,
     "seed-experiment": seed_experiment,
     "isolation": isolation,
     "cancellation": cancellation,

@@ -20,7 +20,7 @@ import ssl
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable, Mapping
 
 import httpx
 import orjson
@@ -91,6 +91,10 @@ class PhaseContext:
     engine: str
     endpoint: str
     model: str
+    # a fleet's phase: the fleet's engine name (each record's ``fleet``), and the response header in which
+    # the balancer names the engine that served the request (each record's ``engine``)
+    fleet: str | None = None
+    served_by_header: str | None = None
 
 
 class LiveRates:
@@ -161,17 +165,25 @@ class ChunkReader:
     :meth:`finish` turns those into the record's lists once, at the end of the stream.
     """
 
-    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "ids", "buf", "closing")
+    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "ids", "buf", "closing", "served_by_header")
 
-    def __init__(self, rec: ClientRecord, cancel_after_tokens: int | None) -> None:
+    def __init__(self, rec: ClientRecord, cancel_after_tokens: int | None, served_by_header: str | None = None) -> None:
         self.rec = rec
         self.cancel_after_tokens = cancel_after_tokens
+        self.served_by_header = served_by_header.lower() if served_by_header else None
         self.seen = 0  # usage.completion_tokens of the last chunk
         self.times = array("q")  # chunks that carried tokens: arrival time
         self.counts = array("q")  # tokens in each of those chunks
         self.ids: array | None = None  # the answer's token ids (choices[].token_ids), when the server sends them
         self.buf = b""  # an event not complete yet
         self.closing = False  # feed said True because the driver closes the stream (cancel_after_tokens)
+
+    def head(self, status: int, headers: Mapping[str, str]) -> None:
+        """A fleet's answer names the engine that served it (the balancer's header): the record's engine."""
+        if self.served_by_header is not None:
+            served = headers.get(self.served_by_header)
+            if served:
+                self.rec.engine = served
 
     def feed(self, data: bytes, t_ns: int) -> bool:
         """Take body bytes that came off the socket at ``t_ns``; True: the driver needs no more
@@ -391,6 +403,7 @@ class Driver:
                 user=req.user, api=req.api, stream_index=req.stream_index, max_tokens=req.max_tokens,
                 ignore_eos=req.ignore_eos, prompt_tokens=req.prompt_tokens,
                 scheduled_ns=t0 + int(req.delay_s * 1e9), openai_user=req.openai_user, spoof=req.spoof,
+                fleet=ctx.fleet,
             )
             self.records.append(rec)
             out.append(rec)
@@ -529,7 +542,7 @@ class Driver:
         body = request_body(ctx.model, req)
         path = "/v1/chat/completions" if req.api == "chat" else "/v1/completions"
         headers = {**req.headers, "X-Request-Id": rec.client_id}
-        reader = ChunkReader(rec, req.cancel_after_tokens)
+        reader = ChunkReader(rec, req.cancel_after_tokens, ctx.served_by_header)
         read = self._read_pooled if isinstance(client, StreamPool) else self._read_httpx
         live.started(user_key, reader)
         try:
@@ -581,6 +594,7 @@ class Driver:
         rec.sent_ns = time.monotonic_ns()
         async with client.stream("POST", endpoint + path, json=body, headers=headers) as resp:
             rec.http_status = resp.status_code
+            reader.head(resp.status_code, {k.lower(): v.lower() for k, v in resp.headers.items()})
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
                 rec.error = f"HTTP {resp.status_code}: {text[:500]}"

@@ -7,6 +7,7 @@ import numpy as np
 from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
+from ratebench.analysis.fleet import fleet_phases
 from ratebench.analysis.isolation import isolation_checks
 from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
@@ -125,7 +126,41 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_work_conservation(run, th))
     checks.extend(_refusal_witness(run, th))
     checks.extend(_answers_intact(run))
+    checks.extend(_fleet(run, s, th))
     return checks
+
+
+def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    """A fleet's phases as one (analysis/fleet.py): every request sent through the balancer served by a
+    member engine, and each user's bound across the members' merged events and the client's chunks."""
+    out = []
+    for fp in fleet_phases(run, s, th.burst_ns):
+        where = f"policy {fp.policy}, {len(fp.members)} engines behind the balancer"
+        bad = fp.unserved
+        out.append(Check("fleet-served", fp.scenario, fp.phase, fp.fleet, None, len(bad), 0, "<=", "requests",
+                         not bad, (f"{len(bad)} of {fp.requests} requests sent through the balancer were served by "
+                                   f"no engine ({where}): {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1
+                                                                       else "")) if bad else
+                         f"{fp.requests} requests sent through the balancer, each served by a member engine ({where})"))
+        for fu in fp.users:
+            spread = ", ".join(f"{e} {n}" for e, n in fu.tokens_by_engine.items())
+            ids = (fp.scenario, fp.phase, fp.fleet, fu.user)
+            for name, b, what in (("fleet-bound-dispatch", fu.dispatch, "charges (dispatch events)"),
+                                  ("fleet-bound-emit", fu.emit, "emitted tokens (one engine step of tolerance)"),
+                                  ("fleet-bound-client", fu.client, "tokens the client received (windows widened "
+                                   "as each engine's bound-client)")):
+                if b is None or b.worst is None:
+                    continue
+                w = b.worst
+                text = (f"{where}: the user's {what} across the fleet, merged from {fu.engines_used} of "
+                        f"{len(fp.members)} engines (charges per engine: {spread}); worst window "
+                        f"{(w.end_ns - w.start_ns) / 1e9:.3f} s held {w.tokens} tokens, {w.allowed_tokens:.1f} allowed "
+                        f"at {fu.limit_tps} tok/s")
+                if not b.passed and fu.engines_used > 1:
+                    text += (f": each engine kept its own bound, the fleet gave the user up to "
+                             f"{fu.engines_used} x its limit ({fp.policy} spread its requests over the engines)")
+                out.append(Check(name, *ids, round(w.slack_tokens, 3), 0, ">=", "tokens", b.passed, text))
+    return out
 
 
 def _answers_intact(run: RunData) -> list[Check]:

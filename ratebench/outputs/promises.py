@@ -107,6 +107,23 @@ CHECKS: dict[str, CheckMeaning] = {
                                   "emit event: the file leaves out what the engine did",
                                   "{events}: the emit events of the request the explanation names, against its "
                                   "chunk_tokens in requests.jsonl"),
+    "fleet-bound-dispatch": CheckMeaning("6", "behind a load balancer, a user's charges merged across the fleet's "
+                                         "engines exceed the bound: each engine's limiter knows only its own "
+                                         "requests, and the routing policy spread the user's requests over them "
+                                         "(route by user: user-hash)",
+                                         "balancers/<fleet>/haproxy.cfg (the policy); the user's dispatch events "
+                                         "in each member's engines/<member>/events.rbev; requests.jsonl's engine "
+                                         "field (the member that served each request)"),
+    "fleet-bound-emit": CheckMeaning("6", "behind a load balancer, a user's emitted tokens merged across the "
+                                     "fleet's engines exceed the bound (one engine step of tolerance)",
+                                     "the user's emit events in each member's engines/<member>/events.rbev"),
+    "fleet-bound-client": CheckMeaning("6", "behind a load balancer, the tokens a user received from the whole "
+                                       "fleet exceed the bound (windows widened as each engine's bound-client)",
+                                       "requests.jsonl: the user's chunk times in the fleet's phase"),
+    "fleet-served": CheckMeaning("3", "a request sent through the load balancer was served by no engine (refused, "
+                                 "or lost when an engine left): a user's request answered with an error",
+                                 "requests.jsonl: the request's error and http_status; "
+                                 "balancers/<fleet>/balancer.log"),
     "bound-dispatch-run": CheckMeaning("6", "over the engine's whole event file, a window holds more charges than "
                                        "the bound allows (the limiter's state must carry across phases)",
                                        "{events}; report.md, the bound over each engine's whole event file"),

@@ -1,0 +1,133 @@
+"""A fleet's phases judged as one: the per-user bound across every engine behind the balancer.
+
+Each engine's limiter knows only its own requests. A fleet's phase is recorded once per member
+engine (``params["fleet"]`` ties the records together, ``docs/run-folder.md``), so every check
+made on one engine's file judges that engine alone. Here the members' event files (one host
+clock) are merged per user: the charges (dispatch events), the emitted tokens and the chunks the
+client received, each against the bound ``(W + 0.1) * N + 1``. A user whose requests a
+round-robin balancer spread over K engines can receive up to K x N tokens a second while every
+engine keeps its own bound; consistent hashing on the user keeps it on one engine.
+
+The emit and client windows are widened by the most that any member's own checks allow (the
+longest engine step; for the client, that plus the measured spread of delivery latency,
+``witness.py``), so a merged window is held to no stricter a standard than each engine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ratebench.analysis.bound import BoundResult, check_bound
+from ratebench.analysis.load import RunData
+from ratebench.analysis.summary import RunSummary
+from ratebench.events import KIND_DISPATCH, KIND_EMIT
+
+
+@dataclass
+class FleetUser:
+    """One user of one fleet phase: where its tokens came from and the bound across the fleet."""
+
+    user: str
+    limit_tps: int
+    requests: int
+    tokens_by_engine: dict[str, int]  # dispatch events (charges) per member that served the user
+    dispatch: BoundResult | None = None
+    emit: BoundResult | None = None
+    client: BoundResult | None = None
+
+    @property
+    def engines_used(self) -> int:
+        return sum(1 for v in self.tokens_by_engine.values() if v > 0)
+
+
+@dataclass
+class FleetPhase:
+    """A fleet's phase: its policy, members, and what became of the requests sent through it."""
+
+    scenario: str
+    phase: str
+    fleet: str
+    policy: str
+    members: list[str]
+    requests: int  # sent through the balancer
+    unserved: list[str] = field(default_factory=list)  # "client id: why" of requests no member served
+    users: list[FleetUser] = field(default_factory=list)
+
+
+def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]:
+    """Every fleet phase of the run, its users' bounds across its member engines."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for p in run.phases:
+        info = p.params.get("fleet")
+        if isinstance(info, dict) and info.get("name"):
+            groups.setdefault((p.scenario, p.phase, str(info["name"])), []).append(p.index)
+    out = []
+    for (scenario, phase, fleet), indices in groups.items():
+        info = run.phases[indices[0]].params["fleet"]
+        members = [str(m) for m in info.get("members") or [run.phases[i].engine for i in indices]]
+        mine = [r for r in run.records if r.fleet == fleet and r.scenario == scenario and r.phase == phase]
+        fp = FleetPhase(scenario, phase, fleet, str(info.get("policy", "?")), members, len(mine))
+        for r in mine:
+            if r.engine not in members:
+                why = r.error or (f"HTTP {r.http_status}" if r.http_status else "no answer")
+                fp.unserved.append(f"{r.client_id} ({r.user}): {why}; no engine named in the balancer's answer")
+        users = sorted({u for i in indices for u in run.phases[i].users} | {r.user for r in mine if r.user})
+        for user in users:
+            fu = _fleet_user(run, s, indices, user, [r for r in mine if r.user == user], burst_ns)
+            if fu is not None:
+                fp.users.append(fu)
+        out.append(fp)
+    return out
+
+
+def _fleet_user(run: RunData, s: RunSummary, indices: list[int], user: str, records: list, burst_ns: int
+                ) -> FleetUser | None:
+    limit = None
+    d_t: list[np.ndarray] = []
+    e_t: list[np.ndarray] = []
+    e_c: list[np.ndarray] = []
+    by_engine: dict[str, int] = {}
+    emit_tol = client_tol = 0
+    for i in indices:
+        p = run.phases[i]
+        eng = run.engines.get(p.engine)
+        trace = run.traces.get(p.engine)
+        if eng is None or trace is None:
+            continue
+        limit = limit or eng.limit_of(user)
+        row = s.rows.get((i, user))
+        if row is not None:
+            if row.bound_emit is not None:
+                emit_tol = max(emit_tol, row.bound_emit.tolerance_ns)
+            if row.bound_client is not None:
+                client_tol = max(client_tol, row.bound_client.tolerance_ns)
+        code = trace.events.string_index(user)
+        if code is None:
+            by_engine[p.engine] = 0
+            continue
+        recs = trace.records
+        in_phase = (trace.req_phase[recs["req"]] == i) & (recs["user"] == code)
+        d = recs[in_phase & (recs["kind"] == KIND_DISPATCH)]
+        e = recs[in_phase & (recs["kind"] == KIND_EMIT)]
+        by_engine[p.engine] = int(len(d))
+        d_t.append(d["t_ns"])
+        e_t.append(e["t_ns"])
+        e_c.append(e["count"].astype(np.int64))
+    if not limit:
+        return None
+    fu = FleetUser(user, int(limit), len(records), by_engine)
+    if d_t:
+        t = np.concatenate(d_t)
+        fu.dispatch = check_bound(t, fu.limit_tps, burst_ns=burst_ns)
+        t, c = np.concatenate(e_t), np.concatenate(e_c)
+        keep = c > 0
+        fu.emit = check_bound(t[keep], fu.limit_tps, counts=c[keep], burst_ns=burst_ns, tolerance_ns=emit_tol)
+    chunks_t = [np.asarray(r.chunk_ns, dtype=np.int64) for r in records if r.chunk_ns]
+    if chunks_t:
+        t = np.concatenate(chunks_t)
+        c = np.concatenate([np.asarray(r.chunk_tokens, dtype=np.int64) for r in records if r.chunk_ns])
+        keep = c > 0
+        fu.client = check_bound(t[keep], fu.limit_tps, counts=c[keep], burst_ns=burst_ns, tolerance_ns=client_tol)
+    return fu
