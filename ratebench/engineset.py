@@ -158,7 +158,8 @@ class EngineSet:
         profile.max_engines allows (started together); stop the others."""
         wanted = engines_wanted(upcoming, self.profile.max_engines)
         self.stop_unneeded(wanted)
-        self.ensure_engines(wanted)
+        self.ensure_engines([n for n in wanted if any(m not in self.running for m in self.processes_of([n]))
+                             or (fleet_members(n) is not None and n not in self.balancers)])
 
     def stop_unneeded(self, needed: list[str] | set[str]) -> None:
         """Stop every engine and balancer that none of these phase engines needs."""

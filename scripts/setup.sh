@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv at the repository root with ratebench, the CPU build of
 # vLLM 0.32.0 and the test tools. Idempotent: a second call reuses what is there.
+# With --fleet, HAProxy too (scripts/install_haproxy.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --fleet: also install HAProxy (Debian's package) for the fleet scenario (profile cpu-fleet)
+if [ "${1:-}" = "--fleet" ]; then
+    ./scripts/install_haproxy.sh
+fi
 PYTHON="${PYTHON:-python3}"
 EXTRAS="${RATEBENCH_EXTRAS:-cpu,dev}"
 

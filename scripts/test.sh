@@ -15,6 +15,8 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; 
     { $as_root apt-get update -qq && $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
         >/dev/null 2>&1 || echo "[test] could not install chromium: tests/test_outputs_html.py will fail" >&2
 fi
+# tests/test_balancer.py and tests/test_fleet_e2e.py run engines behind HAProxy (Debian's package)
+./scripts/install_haproxy.sh || true
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

@@ -15,7 +15,7 @@ from ratebench import engine, plan, tinymodel
 from ratebench.cli import app
 from ratebench.profiles import ProfileError, list_profiles, load_profile, with_run_options
 from ratebench.runner import Run, RunOptions
-from ratebench.scenarios import plan_scenario
+from ratebench.scenarios import fleet_members, plan_scenario
 
 
 @pytest.fixture
@@ -49,9 +49,12 @@ def test_dry_run_of_every_builtin_profile_names_every_engine_and_phase_and_write
     phases = [p for spec in load_profile(name).scenarios for p in plan_scenario(spec)]
     for number, phase in enumerate(phases, 1):
         assert f"{number:>3}. {phase.scenario}/{phase.phase} on {phase.engine}: " in out
-    for engine_name in {p.engine for p in phases}:
+    engines = {m for p in phases for m in fleet_members(p.engine) or [p.engine]}  # a fleet: its members
+    for engine_name in engines:
         assert f"  {engine_name} (" in out
-    assert out.count("argv: ") == len({p.engine for p in phases})
+    assert out.count("argv: ") == len(engines)
+    for fleet in {p.engine for p in phases if fleet_members(p.engine)}:
+        assert f"fleet {fleet}: HAProxy (" in out
     assert "model (" in out and "expected: at least" in out
     assert list(nothing_launches.iterdir()) == []  # no results/ (nor anything else) written
     assert not (tmp_path / "models").exists()  # the tiny model was not generated
@@ -124,9 +127,7 @@ def test_planned_engine_starts_are_the_runner_s(cap: int, tmp_path: Path, monkey
     monkeypatch.setattr(engines, "stop", lambda name, **kw: engines.running.pop(name, None))
     for k in range(len(phases)):  # what Run.execute does around each phase
         engines.arrange_engines([p.engine for p in phases[k:]])
-        later = {p.engine for p in phases[k + 1:]}
-        for name in [n for n in engines.running if n not in later]:
-            engines.stop(name)
+        engines.stop_unneeded({p.engine for p in phases[k + 1:]})
     assert plan.engine_starts([p.engine for p in phases], cap) == waves
 
 

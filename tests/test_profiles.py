@@ -56,7 +56,9 @@ def test_every_builtin_profile_loads() -> None:
 
 def test_cpu_tiny_runs_every_scenario_kind_in_sync_and_async() -> None:
     prof = load_profile("cpu-tiny")
-    assert {s.kind for s in prof.scenarios} == set(SCENARIO_KINDS)
+    # every kind but the fleet, which needs HAProxy and engines of its own: cpu-fleet runs it
+    assert {s.kind for s in prof.scenarios} == set(SCENARIO_KINDS) - {"fleet"}
+    assert {s.kind for s in load_profile("cpu-fleet").scenarios} == {"fleet"}
     seed = next(s for s in prof.scenarios if s.kind == "seed-experiment")
     assert seed.scheduling == ["sync", "async"]
     assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
@@ -317,3 +319,34 @@ def test_the_reference_step_is_linear_between_the_given_batch_sizes_and_flat_out
     assert flags.step_ms_at(32) == pytest.approx(16.0 + 6.3 * 31 / 63)
     assert flags.step_ms_at(96) == pytest.approx(24.15) and flags.step_ms_at(1000) == 26.0
     assert parse_profile(_cpu_tiny(), "my.toml").engine.step_ms_at(4) is None
+
+
+def _cpu_fleet() -> dict:
+    with (BUILTIN_DIR / "cpu-fleet.toml").open("rb") as f:
+        return tomllib.load(f)
+
+
+def test_a_fleet_scenario_plans_one_phase_per_policy_on_the_fleet_of_its_engines() -> None:
+    prof = load_profile("cpu-fleet")
+    (spec,) = prof.scenarios
+    plans = plan_scenario(spec)
+    assert [(p.phase, p.engine) for p in plans] == [("round-robin", "fleet2-sync"), ("user-hash", "fleet2-sync")]
+    from ratebench.scenarios import fleet_members
+
+    assert fleet_members("fleet2-sync") == ["patched-sync.e0", "patched-sync.e1"]
+    assert fleet_members("fleet3-async") == ["patched-async.e0", "patched-async.e1", "patched-async.e2"]
+    assert fleet_members("patched-sync") is None
+
+
+@pytest.mark.parametrize("change, key, expected", [
+    ({"engines": 1}, "engines", "at least 2 engines"),
+    ({"streams": 1}, "streams", "at least as many streams as engines (2)"),
+    ({"users": ["user-a", "nobody"]}, "users", "users declared in [limits.users]"),
+    ({"policies": ["round-robin", "random"]}, "policies", "distinct routing policies from ['round-robin', 'user-hash']"),
+    ({"policies": []}, "policies", "a non-empty list"),
+    ({"user_header": "X User"}, "user_header", "an HTTP header name"),
+])
+def test_fleet_mistakes_are_refused_naming_the_key(change: dict, key: str, expected: str) -> None:
+    data = _cpu_fleet()
+    data["scenarios"][0].update(change)
+    _refused(data, f"scenarios[0].{key}", expected)

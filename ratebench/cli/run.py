@@ -11,9 +11,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from ratebench import plan, profiles, runner, tinymodel
+from ratebench.balancer import POLICIES, USER_HEADER, BalancerError, haproxy_binary
 from ratebench.cli._console import fail, stderr, stdout
 from ratebench.events import ENV_VAR as EVENTS_ENV_VAR
 from ratebench.outputs.console import print_verdict
+from ratebench.scenarios import fleet_members
 
 EXIT_TINY_MODEL_FAILED = 2
 
@@ -123,7 +125,7 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
     for s in p.skipped:
         out.print(f"[bold]skipped[/]: {escape(s['scenario'])} ({escape(s['why'])})")
     if p.engines:
-        starts = sum(len(wave) for wave in p.engine_starts)
+        starts = sum(len(m) for wave in p.engine_starts for n in wave for m in [fleet_members(n) or [n]])
         together = "one after another (GPU)" if prof.device == "cuda" else "a wave together"
         out.print(f"[bold]engines[/] ({len(p.engines)}, in order of first use; at most {prof.max_engines} alive at "
                   f"once: {starts} start(s) in {len(p.engine_starts)} wave(s), {together}, each allowed "
@@ -137,6 +139,18 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
         out.print(f"    argv: {escape(shlex.join(e.argv))}")
         for key, value in e.env.items():
             out.print(f"    env:  {escape(key)}={escape(shlex.quote(value))}")
+    for fleet in dict.fromkeys(ph.engine for ph in p.phases):
+        members = fleet_members(fleet)
+        if members is None or p.endpoint is not None:
+            continue
+        try:
+            found = f"[green]{escape(haproxy_binary())}[/]"
+        except BalancerError as exc:
+            found = f"[red]not installed[/]: {escape(str(exc))}"
+        header = next((s.params["user_header"] for s in prof.scenarios if s.kind == "fleet"), USER_HEADER)
+        out.print(f"[bold]fleet[/] {escape(fleet)}: HAProxy ({found}) in front of {escape(', '.join(members))}; "
+                  f"a frontend per routing policy ({', '.join(POLICIES)}), requests without the "
+                  f"{escape(header)} header refused with 400; started after its engines, stopped with them")
     out.print(f"[bold]phases[/] ({len(p.phases)}, in order; expected durations are lower bounds at the users' "
               f"limits, tokens / limit without the 100 ms burst; the engine's speed may make a phase longer):")
     for k, ph in enumerate(p.phases, 1):
