@@ -80,7 +80,10 @@ def haproxy_config(servers: dict[str, int], frontends: dict[str, int], *, user_h
         "    timeout server 1h",
         "    timeout http-request 30s",
         "    timeout http-keep-alive 60s",
-        f"    default-server check inter {HEALTH_INTERVAL_MS}ms fall 2 rise 1",
+        # health checks every 500 ms; and a connection an engine refuses marks it down at once (its users
+        # move on their next request, not after two missed checks)
+        f"    default-server check inter {HEALTH_INTERVAL_MS}ms fall 2 rise 1 observe layer4 error-limit 1 "
+        "on-error mark-down",
     ]
     for policy, port in frontends.items():
         lines += [

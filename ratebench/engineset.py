@@ -39,6 +39,7 @@ from ratebench.scenarios import ROLE_FEATURE_ON, EngineRef, engine_name, fleet_m
 
 EXTERNAL_ENGINE = "external"
 EVENTS_SETTLE_S = 0.5
+FAILOVER_GRACE_S = 2.0  # a fleet member stopped for failover: SIGINT, then at most this long before SIGKILL
 
 
 class AttachError(RuntimeError):
@@ -59,6 +60,7 @@ class EngineSet:
         self.running: dict[str, RunningEngine] = {}
         self.refs: dict[str, EngineRef] = {}
         self.balancers: dict[str, Any] = {}  # fleet name -> its RunningBalancer (ratebench/balancer.py)
+        self._stale: set[str] = set()  # fleets one of whose members was stopped (failover)
         self._pristine_files: dict[str, bytes | None] | None = None
         # wall seconds spent starting engines (until they serve), warming them up, stopping them
         self.stage_s: dict[str, float] = {"engines start": 0.0, "engines warm-up": 0.0, "engines stop": 0.0}
@@ -150,6 +152,8 @@ class EngineSet:
             t0 = time.monotonic()
             self._ready([self._launch(n) for n in wave], t0)
         for name in dict.fromkeys(names):
+            if fleet_members(name) is not None and name in self._stale:  # a member restarted: new ports
+                self._stop_balancer(name)
             if fleet_members(name) is not None and name not in self.balancers:
                 self._start_balancer(name)
 
@@ -159,7 +163,7 @@ class EngineSet:
         wanted = engines_wanted(upcoming, self.profile.max_engines)
         self.stop_unneeded(wanted)
         self.ensure_engines([n for n in wanted if any(m not in self.running for m in self.processes_of([n]))
-                             or (fleet_members(n) is not None and n not in self.balancers)])
+                             or (fleet_members(n) is not None and (n not in self.balancers or n in self._stale))])
 
     def stop_unneeded(self, needed: list[str] | set[str]) -> None:
         """Stop every engine and balancer that none of these phase engines needs."""
@@ -205,7 +209,19 @@ class EngineSet:
                            f"({', '.join(f'{p} at {u}' for p, u in balancer.endpoints.items())}; "
                            f"user header {header})")
 
+    def fail_member(self, fleet: str, member: str) -> None:
+        """A fleet's failover: stop one member as if it died (no settling; the balancer stays up and finds
+        it gone by its health checks). The fleet's balancer is restarted before the fleet runs again."""
+        if member not in (fleet_members(fleet) or []):
+            raise ValueError(f"{member} is not a member of {fleet}")
+        self._stale.add(fleet)
+        entry = self.manifest.data["engines"].get(member, {})
+        entry["failover_stopped_monotonic_ns"] = time.monotonic_ns()
+        # SIGINT, and SIGKILL 2 s later: its API server would wait for the balancer's open connections
+        self.stop(member, settle=False, grace_s=FAILOVER_GRACE_S)
+
     def _stop_balancer(self, fleet: str) -> None:
+        self._stale.discard(fleet)
         balancer = self.balancers.pop(fleet, None)
         self.refs.pop(fleet, None)
         if balancer is None:
@@ -218,22 +234,22 @@ class EngineSet:
 
     # ---- stop -------------------------------------------------------------------------
 
-    def stop(self, name: str, *, settle: bool = True) -> None:
+    def stop(self, name: str, *, settle: bool = True, grace_s: float | None = None) -> None:
         engine = self.running.pop(name, None)
         self.refs.pop(name, None)
         if engine is None:
             return
         t0 = time.monotonic()
         try:
-            self._stop(name, engine, settle)
+            self._stop(name, engine, settle, grace_s)
         finally:
             self.stage_s["engines stop"] += time.monotonic() - t0
 
-    def _stop(self, name: str, engine: RunningEngine, settle: bool) -> None:
+    def _stop(self, name: str, engine: RunningEngine, settle: bool, grace_s: float | None = None) -> None:
         if settle:
             # The engine flushes its events at least every 100 ms: let the last ones land.
             time.sleep(EVENTS_SETTLE_S)
-        killed = engine.stop(self.profile.shutdown_grace_s)
+        killed = engine.stop(self.profile.shutdown_grace_s if grace_s is None else grace_s)
         entry = self.manifest.data["engines"].get(name, {})
         entry["stopped_monotonic_ns"] = time.monotonic_ns()
         entry["killed_pids"] = killed

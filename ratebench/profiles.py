@@ -421,6 +421,13 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "engines": ("pos_int", 2),
         "policies": ("policies", list(FLEET_POLICIES)),
         "user_header": ("header", "X-Ratebench-User"),
+        # a last phase under user-hash in which the engine serving the most users is stopped
+        # `failover_after_s` in; each stream is a closed loop of `failover_requests` answers of
+        # `failover_max_tokens`, so that its user goes on sending after the move
+        "failover": ("bool", True),
+        "failover_after_s": ("pos_num", 1.5),
+        "failover_requests": ("pos_int", 3),
+        "failover_max_tokens": ("pos_int", 16),
     },
 }
 # Kinds whose requests say their own prompt and API (no common parameters).

@@ -160,7 +160,8 @@ class Run:
                 current = spec.name
                 self.console.print(f"[bold cyan]scenario[/] {spec.name} ({spec.kind})")
             ctx = ScenarioContext(profile=self.profile, spec=spec, driver=self.driver, on_phase=self.on_phase,
-                                  model_dir=self.model_dir, cpu_probe=engines.cpu_probe)
+                                  model_dir=self.model_dir, cpu_probe=engines.cpu_probe,
+                                  stop_member=engines.fail_member)
             t0 = time.monotonic()
             try:
                 asyncio.run(plan.run(ctx, engines.refs[plan.engine]))

@@ -53,6 +53,7 @@ def engine_name(role: str, mode: str) -> str:
 # fleet (fleet<K>-<mode>); each member is an engine of its own (patched-<mode>.e<k>: its folder, log
 # and event file), and each phase is recorded once per member, with the requests that member served.
 ROLE_FLEET = "fleet"
+FAILOVER_THINK_S = 0.05  # a failover phase's client: its next request this long after the last one ended
 _FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)-(sync|async)")
 
 
@@ -98,6 +99,8 @@ class ScenarioContext:
     model_dir: Path | None = None  # the model folder, when local (for the EOS token id)
     # () -> (CPU-seconds the machine has been busy, CPU-seconds this run's processes used), both so far
     cpu_probe: Callable[[], tuple[float, float]] | None = None
+    # (fleet, member) -> stop that member engine now, as if it died (a fleet's failover phase)
+    stop_member: Callable[[str, str], None] | None = None
 
     def limit_of(self, engine: EngineRef, user: str | None) -> int | None:
         return self.profile.limits.limit_of(user) if engine.feature else None
@@ -130,9 +133,11 @@ class ScenarioContext:
                     users: dict[str, dict[str, Any]], *, role: str = "measure", concurrency: int | None = None,
                     params: dict[str, Any] | None = None,
                     extra: Callable[[], Awaitable[dict[str, Any]]] | None = None,
-                    route: str | None = None) -> PhaseRecord:
+                    route: str | None = None,
+                    alongside: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> PhaseRecord:
         """Run one phase on ``engine``; ``route``: a fleet's routing policy, whose balancer frontend the
-        requests go through (the phase is then recorded once per member engine)."""
+        requests go through (the phase is then recorded once per member engine); ``alongside``: a task
+        run while the phase's requests stream, its result added to the fleet's record."""
         pctx = PhaseContext(scenario=self.spec.name, phase=phase, engine=engine.name,
                             endpoint=engine.routes[route] if route else engine.endpoint, model=engine.model,
                             fleet=engine.name if route else None,
@@ -147,11 +152,16 @@ class ScenarioContext:
             record.users[user] = {"limit_tps": limits[user], **info}
         cpu_before = self.cpu_probe() if self.cpu_probe is not None else None
         core_before = engine_core_cpu_s(engine.pgid) if engine.pgid is not None else None
+        side = asyncio.create_task(alongside()) if alongside is not None else None
         try:
             records = await self.driver.run_phase(pctx, requests, concurrency=concurrency, limits=limits)
             if extra is not None:
                 record.params.update(await extra())
+            if side is not None:
+                record.params["alongside"] = await side
         finally:
+            if side is not None and not side.done():
+                side.cancel()
             record.end_ns = time.monotonic_ns()
             record.params["client_loop_lag"] = self.driver.last_loop_lag  # how late the driver's loop read bytes
             for user in users:
@@ -176,7 +186,8 @@ def _member_records(record: PhaseRecord, fleet: EngineRef, route: str, records: 
     mine = [r for r in records if r.fleet == fleet.name and r.scenario == record.scenario and r.phase == record.phase]
     info = {"name": fleet.name, "policy": route, "members": list(fleet.members), "balancer": "haproxy",
             "served_by_header": fleet.served_by_header,
-            "requests": len(mine), "unserved": sum(1 for r in mine if r.engine not in fleet.members)}
+            "requests": len(mine), "unserved": sum(1 for r in mine if r.engine not in fleet.members),
+            "failover": record.params.pop("alongside", None)}
     out = []
     for member in fleet.members:
         served = collections.Counter(r.user for r in mine if r.engine == member)
@@ -860,8 +871,53 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
     def estimate(limits: Limits | None) -> PhaseEstimate:
         return _at_limits(limits, [(u, p["streams"], p["max_tokens"]) for u in p["users"]])
 
-    return [PhasePlan(spec.name, policy, fleet_name(p["engines"], mode), run_of(policy), estimate)
-            for mode in spec.scheduling for policy in p["policies"]]
+    async def failover(ctx: ScenarioContext, engine: EngineRef) -> None:
+        """user-hash, each user's streams a closed loop of short requests; ``failover_after_s`` in, the
+        member serving the most users is stopped as if it died. The balancer's health checks take it
+        out and consistent hashing moves its users to the next engine on the ring (a fresh budget
+        there); requests in flight on it fail, each with an error the client sees."""
+        salt = _salt(ctx, engine, "failover")
+        reqs: list[StreamRequest] = []
+        n = p["streams"] * p["failover_requests"]
+        for i, user in enumerate(p["users"]):
+            reqs += await _streams(ctx, engine, user, n, p["failover_max_tokens"], f"{salt} {user}",
+                                   first_index=i * n, headers={p["user_header"]: user}, loop_group=user,
+                                   loop_streams=p["streams"], delay_s=FAILOVER_THINK_S)
+        phase_start = time.monotonic_ns()
+
+        async def stop_one() -> dict[str, Any]:
+            await asyncio.sleep(p["failover_after_s"])
+            served: dict[str, set[str]] = {}
+            for r in ctx.driver.records:
+                if r.fleet == engine.name and r.scenario == spec.name and r.phase == "failover" and r.engine != r.fleet:
+                    served.setdefault(r.engine, set()).add(r.user)
+            victim = max(engine.members, key=lambda m: (len(served.get(m, ())), -engine.members.index(m)))
+            t_ns = time.monotonic_ns()
+            if ctx.stop_member is None:
+                raise WorkloadError("a fleet's failover phase needs engines ratebench launched")
+            await asyncio.to_thread(ctx.stop_member, engine.name, victim)
+            ctx.driver.console.print(f"  failover: stopped {victim} {(t_ns - phase_start) / 1e9:.2f} s into the phase "
+                                     f"(it served {', '.join(sorted(served.get(victim, ()))) or 'no user yet'})",
+                                     highlight=False)
+            return {"engine": victim, "stopped_ns": t_ns, "stopped_after_s": round((t_ns - phase_start) / 1e9, 3),
+                    "users_before": sorted(served.get(victim, ()))}
+
+        # not backlogged: a stopped engine's users are cut off mid-answer (delivery is not the question here)
+        await ctx.phase(engine, "failover", reqs, {u: {"streams": p["streams"], "backlogged": False}
+                                                   for u in p["users"]},
+                        params={"ignore_eos": True, "policy": "user-hash"}, route="user-hash", alongside=stop_one)
+
+    def failover_estimate(limits: Limits | None) -> PhaseEstimate:
+        return _at_limits(limits, [(u, p["streams"], p["failover_requests"] * p["failover_max_tokens"])
+                                   for u in p["users"]])
+
+    plans = []
+    for mode in spec.scheduling:
+        name = fleet_name(p["engines"], mode)
+        plans += [PhasePlan(spec.name, policy, name, run_of(policy), estimate) for policy in p["policies"]]
+        if p["failover"]:
+            plans.append(PhasePlan(spec.name, "failover", name, failover, failover_estimate))
+    return plans
 
 
 _KINDS: dict[str, Callable[[ScenarioSpec], list[PhasePlan]]] = {

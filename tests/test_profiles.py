@@ -330,7 +330,8 @@ def test_a_fleet_scenario_plans_one_phase_per_policy_on_the_fleet_of_its_engines
     prof = load_profile("cpu-fleet")
     (spec,) = prof.scenarios
     plans = plan_scenario(spec)
-    assert [(p.phase, p.engine) for p in plans] == [("round-robin", "fleet2-sync"), ("user-hash", "fleet2-sync")]
+    assert [(p.phase, p.engine) for p in plans] == [("round-robin", "fleet2-sync"), ("user-hash", "fleet2-sync"),
+                                                    ("failover", "fleet2-sync")]
     from ratebench.scenarios import fleet_members
 
     assert fleet_members("fleet2-sync") == ["patched-sync.e0", "patched-sync.e1"]

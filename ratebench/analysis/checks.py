@@ -7,7 +7,7 @@ import numpy as np
 from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
-from ratebench.analysis.fleet import fleet_phases
+from ratebench.analysis.fleet import cut_by_failover, fleet_phases
 from ratebench.analysis.isolation import isolation_checks
 from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
@@ -52,6 +52,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
         if eb.emit is not None:
             checks.append(_bound_check("bound-emit-run", WHOLE, WHOLE, eb.engine, eb.user, eb.emit,
                                        "emit events, whole engine file"))
+    failover_cut = cut_by_failover(run)
     for (p_index, user), row in sorted(s.rows.items(), key=lambda kv: kv[0]):
         ids = (row.scenario, row.phase, row.engine, user)
         # 1. the bound in the phase
@@ -84,12 +85,15 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                                 f"({'engine emit' if row.emit_rate else 'client'}), limit {row.limit_tps}"))
         # 5. reconciliation and cancellations
         req_checks = s.request_checks.get((p_index, user), [])
-        finished = [c for c in req_checks if not c.cancelled]
+        # a fleet's failover cut some answers short on purpose: fleet-failover-lost judges those
+        cut = [c for c in req_checks if c.client_id in failover_cut]
+        finished = [c for c in req_checks if not c.cancelled and c.client_id not in failover_cut]
         if finished:
             bad = [c for c in finished if not c.ok]
+            cut_text = f" ({len(cut)} cut short by the fleet's failover: fleet-failover-lost)" if cut else ""
             checks.append(Check("reconciliation", *ids, len(bad), 0, "<=", "requests", not bad,
-                                bad[0].problem + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-                                if bad else f"{len(finished)} finished requests: usage = streamed = emitted"))
+                                bad[0].problem + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + cut_text
+                                if bad else f"{len(finished)} finished requests: usage = streamed = emitted{cut_text}"))
         cancelled = [c for c in req_checks if c.cancelled]
         if cancelled:
             # a profile may allow more for a phase whose load delays aborts on their way to the engine
@@ -130,6 +134,27 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     return checks
 
 
+def _failover(fp, where: str) -> list[Check]:
+    """A fleet's failover phase: no request lost silently, and every user of the stopped engine served by
+    another one after the stop."""
+    o, fo = fp.outcomes, fp.failover
+    visibly = "; ".join(f"{len(ids)} {how}" for how, ids in o.failed_visibly.items()) or "none"
+    head = (f"{where}; {fo.get('engine')} stopped {fo.get('stopped_after_s')} s into the phase: "
+            f"{fp.requests} requests, {o.completed} completed, failed with what the client sees: {visibly}")
+    lost = o.lost_silently
+    out = [Check("fleet-failover-lost", fp.scenario, fp.phase, fp.fleet, None, len(lost), 0, "<=", "requests",
+                 not lost, head + (f"; lost silently: {lost[0]}" + (f" (and {len(lost) - 1} more)" if len(lost) > 1
+                                                                    else "") if lost else "; none lost silently"))]
+    users = fo.get("users_before") or []
+    moved = "; ".join(f"{u} to {e}" for u, e in o.moved.items()) or "none"
+    out.append(Check("fleet-failover-moved", fp.scenario, fp.phase, fp.fleet, None, len(o.not_moved), 0, "<=",
+                     "users", not o.not_moved if users else None,
+                     (f"{len(users)} users on {fo.get('engine')} before the stop; served by another engine after it: "
+                      f"{moved}" + (f"; never served again: {', '.join(o.not_moved)}" if o.not_moved else ""))
+                     if users else f"no user had been served by {fo.get('engine')} before the stop: nothing to move"))
+    return out
+
+
 def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     """A fleet's phases as one (analysis/fleet.py): every request sent through the balancer served by a
     member engine, and each user's bound across the members' merged events and the client's chunks."""
@@ -137,11 +162,16 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     for fp in fleet_phases(run, s, th.burst_ns):
         where = f"policy {fp.policy}, {len(fp.members)} engines behind the balancer"
         bad = fp.unserved
+        fo = fp.failover
+        text = (f"{len(bad)} of {fp.requests} requests sent through the balancer were served by no engine ({where}): "
+                f"{bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")) if bad else \
+            f"{fp.requests} requests sent through the balancer, each served by a member engine ({where})"
+        if fo is not None:  # refusals while the balancer finds the stopped engine gone are the phase's plan
+            text = f"failover ({fo.get('engine')} stopped, judged by fleet-failover-*), not judged: " + text
         out.append(Check("fleet-served", fp.scenario, fp.phase, fp.fleet, None, len(bad), 0, "<=", "requests",
-                         not bad, (f"{len(bad)} of {fp.requests} requests sent through the balancer were served by "
-                                   f"no engine ({where}): {bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1
-                                                                       else "")) if bad else
-                         f"{fp.requests} requests sent through the balancer, each served by a member engine ({where})"))
+                         None if fo is not None else not bad, text))
+        if fp.outcomes is not None:
+            out.extend(_failover(fp, where))
         for fu in fp.users:
             spread = ", ".join(f"{e} {n}" for e, n in fu.tokens_by_engine.items())
             ids = (fp.scenario, fp.phase, fp.fleet, fu.user)
@@ -156,6 +186,9 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                         f"{len(fp.members)} engines (charges per engine: {spread}); worst window "
                         f"{(w.end_ns - w.start_ns) / 1e9:.3f} s held {w.tokens} tokens, {w.allowed_tokens:.1f} allowed "
                         f"at {fu.limit_tps} tok/s")
+                if fu.moved:
+                    text += (f" + one burst and one token for its move off the stopped engine (windows widened by "
+                             f"{fu.allowance_ns / 1e6:.1f} ms)")
                 if not b.passed and fu.engines_used > 1:
                     text += (f": each engine kept its own bound, the fleet gave the user up to "
                              f"{fu.engines_used} x its limit ({fp.policy} spread its requests over the engines)")

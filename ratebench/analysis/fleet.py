@@ -11,6 +11,16 @@ engine keeps its own bound; consistent hashing on the user keeps it on one engin
 The emit and client windows are widened by the most that any member's own checks allow (the
 longest engine step; for the client, that plus the measured spread of delivery latency,
 ``witness.py``), so a merged window is held to no stricter a standard than each engine's.
+
+Failover (a phase in which one member is stopped): a user the balancer moves from the stopped
+engine to another starts there with a fresh budget, its burst unspent. Over a window that spans
+the move it may receive what the old engine allowed over the part before, ``(W1 + 0.1) * N + 1``,
+plus what the new one allows over the part after, ``(W2 + 0.1) * N + 1``, with ``W1 + W2 <= W``:
+at most ``(W + 0.2) * N + 2``, one burst and one token more than the bound. Each move is allowed
+exactly that (the windows widened by ``0.1 s + 1/N``); a user that was not moved gets nothing more.
+The requests the stop cut short are judged here (:func:`failover_outcomes`): each completes, or
+fails with something the client sees (an error, or ``finish_reason`` abort); none may end looking
+complete without being so.
 """
 
 from __future__ import annotations
@@ -19,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ratebench.analysis.bound import BoundResult, check_bound
+from ratebench.analysis.bound import NS_PER_S, BoundResult, check_bound
 from ratebench.analysis.load import RunData
 from ratebench.analysis.summary import RunSummary
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
@@ -33,6 +43,8 @@ class FleetUser:
     limit_tps: int
     requests: int
     tokens_by_engine: dict[str, int]  # dispatch events (charges) per member that served the user
+    moved: bool = False  # failover: served by the stopped engine and by another one
+    allowance_ns: int = 0  # failover: the windows widened by one burst and one token for the move
     dispatch: BoundResult | None = None
     emit: BoundResult | None = None
     client: BoundResult | None = None
@@ -54,6 +66,63 @@ class FleetPhase:
     requests: int  # sent through the balancer
     unserved: list[str] = field(default_factory=list)  # "client id: why" of requests no member served
     users: list[FleetUser] = field(default_factory=list)
+    failover: dict | None = None  # {"engine": the member stopped, "stopped_ns", "users_before", ...}
+    outcomes: "FailoverOutcomes | None" = None
+
+
+@dataclass
+class FailoverOutcomes:
+    """What became of a failover phase's requests, as the client saw them."""
+
+    completed: int = 0  # every token asked for, finish_reason length or stop, no error
+    failed_visibly: dict[str, list[str]] = field(default_factory=dict)  # how -> client ids
+    lost_silently: list[str] = field(default_factory=list)  # "client id: what": looked complete, was not
+    moved: dict[str, str] = field(default_factory=dict)  # user of the stopped engine -> engine after the stop
+    not_moved: list[str] = field(default_factory=list)  # users of the stopped engine served by no other after
+
+
+def cut_by_failover(run: RunData) -> set[str]:
+    """Client ids of the requests a failover's stop cut short on the stopped engine (ended at or after
+    the stop, with an error or finish_reason abort): not reconciled as finished answers."""
+    out: set[str] = set()
+    for p in run.phases:
+        fo = (p.params.get("fleet") or {}).get("failover") if isinstance(p.params.get("fleet"), dict) else None
+        if not isinstance(fo, dict) or fo.get("engine") != p.engine:
+            continue
+        stopped = int(fo.get("stopped_ns") or 0)
+        for r in run.records:
+            if (r.scenario, r.phase, r.engine) == p.key and (r.done_ns or 0) >= stopped and (
+                    r.error is not None or r.finish_reason in ("abort", "error")):
+                out.add(r.client_id)
+    return out
+
+
+def failover_outcomes(records: list, members: list[str], failover: dict) -> FailoverOutcomes:
+    out = FailoverOutcomes()
+    stopped, victim = int(failover.get("stopped_ns") or 0), failover.get("engine")
+    for r in records:
+        if r.error is None and r.finish_reason in ("length", "stop") and r.completion_tokens is not None and (
+                r.completion_tokens == r.max_tokens or (r.finish_reason == "stop" and not r.ignore_eos)):
+            out.completed += 1
+        elif r.error is not None:
+            how = ("refused by the balancer (HTTP " + str(r.http_status) + ")" if r.engine not in members and
+                   r.http_status else "cut by the stop (" + r.error.split(":")[0] + ")" if r.engine == victim
+                   else r.error.split(":")[0])
+            out.failed_visibly.setdefault(how, []).append(r.client_id)
+        elif r.finish_reason in ("abort", "error"):
+            out.failed_visibly.setdefault(f"finish_reason {r.finish_reason} (the engine stopped mid-answer)",
+                                          []).append(r.client_id)
+        else:
+            out.lost_silently.append(f"{r.client_id} ({r.user}, {r.engine}): finish_reason {r.finish_reason!r}, "
+                                     f"{r.completion_tokens} of {r.max_tokens} tokens, no error")
+    for user in failover.get("users_before") or []:
+        after = sorted({r.engine for r in records if r.user == user and r.engine in members and r.engine != victim
+                        and (r.sent_ns or 0) >= stopped})
+        if after:
+            out.moved[user] = ", ".join(after)
+        elif any(r.user == user and (r.sent_ns or 0) >= stopped for r in records):
+            out.not_moved.append(user)
+    return out
 
 
 def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]:
@@ -68,22 +137,26 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
         info = run.phases[indices[0]].params["fleet"]
         members = [str(m) for m in info.get("members") or [run.phases[i].engine for i in indices]]
         mine = [r for r in run.records if r.fleet == fleet and r.scenario == scenario and r.phase == phase]
-        fp = FleetPhase(scenario, phase, fleet, str(info.get("policy", "?")), members, len(mine))
+        fp = FleetPhase(scenario, phase, fleet, str(info.get("policy", "?")), members, len(mine),
+                        failover=info.get("failover") if isinstance(info.get("failover"), dict) else None)
+        if fp.failover is not None:
+            fp.outcomes = failover_outcomes(mine, members, fp.failover)
         for r in mine:
             if r.engine not in members:
                 why = r.error or (f"HTTP {r.http_status}" if r.http_status else "no answer")
                 fp.unserved.append(f"{r.client_id} ({r.user}): {why}; no engine named in the balancer's answer")
         users = sorted({u for i in indices for u in run.phases[i].users} | {r.user for r in mine if r.user})
         for user in users:
-            fu = _fleet_user(run, s, indices, user, [r for r in mine if r.user == user], burst_ns)
+            fu = _fleet_user(run, s, indices, user, [r for r in mine if r.user == user], burst_ns,
+                             fp.failover.get("engine") if fp.failover else None)
             if fu is not None:
                 fp.users.append(fu)
         out.append(fp)
     return out
 
 
-def _fleet_user(run: RunData, s: RunSummary, indices: list[int], user: str, records: list, burst_ns: int
-                ) -> FleetUser | None:
+def _fleet_user(run: RunData, s: RunSummary, indices: list[int], user: str, records: list, burst_ns: int,
+                stopped: str | None) -> FleetUser | None:
     limit = None
     d_t: list[np.ndarray] = []
     e_t: list[np.ndarray] = []
@@ -118,16 +191,22 @@ def _fleet_user(run: RunData, s: RunSummary, indices: list[int], user: str, reco
     if not limit:
         return None
     fu = FleetUser(user, int(limit), len(records), by_engine)
+    if stopped is not None and by_engine.get(stopped, 0) > 0 and any(
+            n > 0 for e, n in by_engine.items() if e != stopped):
+        fu.moved = True
+        fu.allowance_ns = burst_ns + -(-NS_PER_S // fu.limit_tps)  # one burst and one token (module docstring)
     if d_t:
         t = np.concatenate(d_t)
-        fu.dispatch = check_bound(t, fu.limit_tps, burst_ns=burst_ns)
+        fu.dispatch = check_bound(t, fu.limit_tps, burst_ns=burst_ns, tolerance_ns=fu.allowance_ns)
         t, c = np.concatenate(e_t), np.concatenate(e_c)
         keep = c > 0
-        fu.emit = check_bound(t[keep], fu.limit_tps, counts=c[keep], burst_ns=burst_ns, tolerance_ns=emit_tol)
+        fu.emit = check_bound(t[keep], fu.limit_tps, counts=c[keep], burst_ns=burst_ns,
+                              tolerance_ns=emit_tol + fu.allowance_ns)
     chunks_t = [np.asarray(r.chunk_ns, dtype=np.int64) for r in records if r.chunk_ns]
     if chunks_t:
         t = np.concatenate(chunks_t)
         c = np.concatenate([np.asarray(r.chunk_tokens, dtype=np.int64) for r in records if r.chunk_ns])
         keep = c > 0
-        fu.client = check_bound(t[keep], fu.limit_tps, counts=c[keep], burst_ns=burst_ns, tolerance_ns=client_tol)
+        fu.client = check_bound(t[keep], fu.limit_tps, counts=c[keep], burst_ns=burst_ns,
+                                tolerance_ns=client_tol + fu.allowance_ns)
     return fu

@@ -120,6 +120,14 @@ CHECKS: dict[str, CheckMeaning] = {
     "fleet-bound-client": CheckMeaning("6", "behind a load balancer, the tokens a user received from the whole "
                                        "fleet exceed the bound (windows widened as each engine's bound-client)",
                                        "requests.jsonl: the user's chunk times in the fleet's phase"),
+    "fleet-failover-lost": CheckMeaning("3", "when an engine of the fleet stopped, a request ended looking complete "
+                                        "(no error, finish_reason length or stop) without every token it asked for: "
+                                        "lost silently", "requests.jsonl: the request the explanation names (its "
+                                        "completion_tokens, finish_reason, engine)"),
+    "fleet-failover-moved": CheckMeaning("4", "when an engine of the fleet stopped, a user it served was never served "
+                                         "by another engine afterwards: the balancer did not move it",
+                                         "balancers/<fleet>/balancer.log (the engine marked down, the user's "
+                                         "requests after); requests.jsonl's engine field"),
     "fleet-served": CheckMeaning("3", "a request sent through the load balancer was served by no engine (refused, "
                                  "or lost when an engine left): a user's request answered with an error",
                                  "requests.jsonl: the request's error and http_status; "
