@@ -8,12 +8,13 @@ generating or writing anything.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ratebench.engine import EngineSpec, engine_env, records_events
 from ratebench.models import ModelChoice, model_choice
-from ratebench.profiles import Profile, ScenarioSpec
+from ratebench.profiles import Profile, ProfileError, ScenarioSpec
 from ratebench.scenarios import (
     ROLE_FEATURE_ON,
     ROLE_NO_EVENTS,
@@ -66,9 +67,24 @@ def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool
         flags=profile_engine_flags(profile),
         default_tps=lim.default_tps if feature else None,
         user_tps=dict(lim.user_tps) if feature else {},
-        env=dict(profile.engine.env), record_events=role != ROLE_NO_EVENTS,
+        env=_member_env(profile, name), record_events=role != ROLE_NO_EVENTS,
         cpu_async_overlay=profile.engine.cpu_async_overlay and mode == "async",
     )
+
+
+def _member_env(profile: Profile, name: str) -> dict[str, str]:
+    """The profile's engine environment; a fleet's k-th member on a GPU gets the k-th GPU (of the profile's
+    CUDA_VISIBLE_DEVICES when it sets one): K engines on K GPUs."""
+    env = dict(profile.engine.env)
+    m = re.search(r"\.e([0-9]+)$", name)
+    if m is not None and profile.device == "cuda":
+        k = int(m.group(1))
+        visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        if visible and k >= len(visible):
+            raise ProfileError(profile.path, "engine.env.CUDA_VISIBLE_DEVICES",
+                               f"at least as many GPUs as the fleet's engines ({k + 1})", env["CUDA_VISIBLE_DEVICES"])
+        env["CUDA_VISIBLE_DEVICES"] = visible[k] if visible else str(k)
+    return env
 
 
 def scenarios_for(profile: Profile, endpoint: str | None) -> tuple[list[ScenarioSpec], list[dict[str, str]]]:

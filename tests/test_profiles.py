@@ -351,3 +351,17 @@ def test_fleet_mistakes_are_refused_naming_the_key(change: dict, key: str, expec
     data = _cpu_fleet()
     data["scenarios"][0].update(change)
     _refused(data, f"scenarios[0].{key}", expected)
+
+
+def test_the_gpu_fleet_puts_each_engine_on_its_own_gpu() -> None:
+    from ratebench.plan import plan_run
+
+    plan = plan_run(load_profile("rtx4090-qwen3-8b-fleet"))
+    assert [(e.spec.name, e.env["CUDA_VISIBLE_DEVICES"]) for e in plan.engines] == [
+        ("patched-sync.e0", "0"), ("patched-sync.e1", "1")]
+    prof = load_profile("rtx4090-qwen3-8b-fleet")
+    prof.engine.env["CUDA_VISIBLE_DEVICES"] = "2,3"
+    assert [e.env["CUDA_VISIBLE_DEVICES"] for e in plan_run(prof).engines] == ["2", "3"]
+    prof.engine.env["CUDA_VISIBLE_DEVICES"] = "2"
+    with pytest.raises(ProfileError, match="at least as many GPUs as the fleet's engines"):
+        plan_run(prof)

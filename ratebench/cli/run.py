@@ -110,6 +110,11 @@ def run(
     raise typer.Exit(outcome.exit_code)
 
 
+def _starts(p: plan.RunPlan) -> int:
+    """Engine processes the run starts (a fleet's start is one per member)."""
+    return sum(len(fleet_members(n) or [n]) for wave in p.engine_starts for n in wave)
+
+
 def _print_plan(p: plan.RunPlan, out: Console) -> None:
     """The dry run: what `ratebench run` would launch and send, in the order it would."""
     prof = p.profile
@@ -125,7 +130,7 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
     for s in p.skipped:
         out.print(f"[bold]skipped[/]: {escape(s['scenario'])} ({escape(s['why'])})")
     if p.engines:
-        starts = sum(len(m) for wave in p.engine_starts for n in wave for m in [fleet_members(n) or [n]])
+        starts = _starts(p)
         together = "one after another (GPU)" if prof.device == "cuda" else "a wave together"
         out.print(f"[bold]engines[/] ({len(p.engines)}, in order of first use; at most {prof.max_engines} alive at "
                   f"once: {starts} start(s) in {len(p.engine_starts)} wave(s), {together}, each allowed "
@@ -176,4 +181,4 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
     by_engine = sum(ph.estimate.at_least_s is None for ph in p.phases)
     out.print(f"[bold]expected[/]: at least {p.at_least_s():.0f} s of phases"
               + (f", plus {by_engine} phase(s) the engine's speed sets" if by_engine else "")
-              + (f", plus {sum(len(w) for w in p.engine_starts)} engine start(s) and warm-up(s)" if p.engines else ""))
+              + (f", plus {_starts(p)} engine start(s) and warm-up(s)" if p.engines else ""))
