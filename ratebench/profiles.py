@@ -69,6 +69,22 @@ tables (``name``, ``users``, ``limit_tps``, ``rate``, ``tier_rate`` or ``burst``
 with ``streams``, ``requests``, ``think_s``, ``backlogged``), are named
 ``<name>-00``, ``<name>-01``, ... and take the tier's limit as if declared in
 ``[limits.users]``; those names must not be declared there.
+
+A ``fleet`` scenario runs ``engines`` limiter-on engines behind HAProxy
+(``ratebench/balancer.py``), one phase per routing policy and a failover phase::
+
+    [[scenarios]]
+    kind = "fleet"
+    users = ["user-a", "user-b"]      # each declared in [limits.users]
+    streams = 4                       # per user, backlogged; at least `engines`
+    max_tokens = 60
+    engines = 2                       # K >= 2; on a GPU the k-th engine gets GPU k
+    policies = ["round-robin", "user-hash"]
+    user_header = "X-Ratebench-User"  # the header the balancer hashes (and requires)
+    failover = true                   # then a user-hash phase in which one engine stops
+    failover_after_s = 1.5
+    failover_requests = 3             # per stream, a closed loop of short answers
+    failover_max_tokens = 16
 """
 
 from __future__ import annotations
