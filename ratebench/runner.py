@@ -33,7 +33,7 @@ from ratebench.manifest import Manifest
 from ratebench.models import SOURCE_TINY, model_choice
 from ratebench.plan import plan_phases, scenarios_for
 from ratebench.profiles import Profile
-from ratebench.scenarios import ScenarioContext
+from ratebench.scenarios import ScenarioContext, fleet_members
 from ratebench.workload import Driver, WorkloadError
 
 EXIT_OK = 0
@@ -144,10 +144,12 @@ class Run:
         specs = self.scenarios_to_run()
         plans = plan_phases(specs)
         # the plan, so that verify-bound --partial can name the phases an interrupted run never started
+        # (a fleet's phase is recorded once per member engine)
         self.manifest.data["planned_phases"] = [
-            {"scenario": plan.scenario, "phase": plan.phase,
-             "engine": EXTERNAL_ENGINE if self.options.endpoint is not None else plan.engine}
-            for _, plan in plans]
+            {"scenario": plan.scenario, "phase": plan.phase, "engine": engine}
+            for _, plan in plans
+            for engine in ([EXTERNAL_ENGINE] if self.options.endpoint is not None else
+                           fleet_members(plan.engine) or [plan.engine])]
         self.manifest.write()
         engines = self.engine_set
         if self.options.endpoint is not None:

@@ -160,6 +160,9 @@ def test_the_balancer_is_recorded_and_stopped_with_the_engines(fleet_run) -> Non
     entry = manifest["balancers"][FLEET]
     assert entry["members"] == MEMBERS and entry["killed_pids"] == [] and entry["stopped_monotonic_ns"]
     assert set(entry["endpoints"]) == {"round-robin", "user-hash"}
+    # the plan names each member's record of each phase (what verify-bound --partial looks for)
+    assert sorted((p["phase"], p["engine"]) for p in manifest["planned_phases"]) == sorted(
+        (policy, m) for policy in ("round-robin", "user-hash", "failover") for m in MEMBERS)
     cfg = (fleet_run.run_dir / entry["config"]).read_text()
     assert "balance roundrobin" in cfg and "balance hdr(X-Ratebench-User)" in cfg
     with pytest.raises(ProcessLookupError):
