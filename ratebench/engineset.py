@@ -203,7 +203,8 @@ class EngineSet:
         first = self.running[members[0]]
         self.refs[fleet] = EngineRef(name=fleet, endpoint=first.endpoint, model=first.spec.served_name,
                                      feature=first.spec.feature, kind="fleet", routes=dict(balancer.endpoints),
-                                     members=members, served_by_header=SERVED_BY_HEADER)
+                                     members=members, served_by_header=SERVED_BY_HEADER,
+                                     member_endpoints={m: self.running[m].endpoint for m in members})
         self.stage_s["engines start"] += time.monotonic() - t0
         self.console.print(f"[bold]fleet[/] {fleet}: HAProxy in front of {', '.join(members)} "
                            f"({', '.join(f'{p} at {u}' for p, u in balancer.endpoints.items())}; "

@@ -88,6 +88,7 @@ class EngineRef:
     routes: dict[str, str] = field(default_factory=dict)
     members: list[str] = field(default_factory=list)
     served_by_header: str | None = None
+    member_endpoints: dict[str, str] = field(default_factory=dict)  # each member's own endpoint (its /metrics)
 
 
 @dataclass
@@ -850,6 +851,25 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
     return plans
 
 
+async def _user_counters_over_phase(engine: EngineRef) -> Callable[[], Awaitable[dict[str, Any]]]:
+    """Read the members' per-user counters now; the returned ``extra`` reads them again at the phase's end
+    and gives ``fleet_user_counters``: member -> user -> what the phase added (None: not exported)."""
+    before = await fleet_user_counters(engine.member_endpoints)
+
+    async def after() -> dict[str, Any]:
+        await asyncio.sleep(0.3)  # the last step's stats reach the API server with its outputs
+        now = await fleet_user_counters(engine.member_endpoints)
+        out: dict[str, Any] = {}
+        for member, counts in now.items():
+            if counts is None:
+                out[member] = None
+                continue
+            old = before.get(member) or {}
+            out[member] = {u: {k: v - (old.get(u) or {}).get(k, 0.0) for k, v in c.items()} for u, c in counts.items()}
+        return {"fleet_user_counters": out}
+    return after
+
+
 def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
     """A fleet of limiter-on engines behind a load balancer, one phase per routing policy: each user's
     backlogged streams go through the balancer, the user named in the gateway's header and in
@@ -865,7 +885,8 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
                                        first_index=i * p["streams"], headers={p["user_header"]: user})
             await ctx.phase(engine, policy, reqs, {u: {"streams": p["streams"], "backlogged": True}
                                                    for u in p["users"]},
-                            params={"ignore_eos": True, "policy": policy}, route=policy)
+                            params={"ignore_eos": True, "policy": policy}, route=policy,
+                            extra=await _user_counters_over_phase(engine))
         return run
 
     def estimate(limits: Limits | None) -> PhaseEstimate:
@@ -1041,6 +1062,34 @@ def parse_engine_metrics(text: str) -> dict[str, float]:
             out["kv_cache_tokens"] = float(int(labels["num_gpu_blocks"]) * int(labels["block_size"]))
         except (KeyError, ValueError):
             pass
+    return out
+
+
+_USER_COUNTER_RE = re.compile(
+    r'^vllm:output_rate_(tokens_granted|charges_refused)_total\{([^}]*)\}\s+([0-9.eE+-]+)$', re.M)
+
+
+def parse_user_counters(text: str) -> dict[str, dict[str, float]] | None:
+    """The limiter's per-user counters on /metrics (``--output-rate-metrics-users``): user ->
+    {"granted", "refused"}; None when the page has none (not asked for, or not this patch)."""
+    out: dict[str, dict[str, float]] = {}
+    found = False
+    for kind, labels, value in _USER_COUNTER_RE.findall(text):
+        found = True
+        user = dict(_LABEL_RE.findall(labels)).get("user")
+        if user is None:
+            continue
+        entry = out.setdefault(user, {"granted": 0.0, "refused": 0.0})
+        entry["granted" if kind == "tokens_granted" else "refused"] += float(value)
+    return out if found or "vllm:output_rate_tokens_granted" in text else None
+
+
+async def fleet_user_counters(members: dict[str, str]) -> dict[str, dict[str, dict[str, float]] | None]:
+    """Each member's per-user counters (member -> user -> counts; None where not exported)."""
+    out = {}
+    for name, endpoint in members.items():
+        text = await _metrics_text(endpoint)
+        out[name] = parse_user_counters(text) if text is not None else None
     return out
 
 

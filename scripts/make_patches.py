@@ -43,6 +43,10 @@ SERIES: dict[str, list[str]] = {
         "vllm/entrypoints/openai/completion/serving.py",
         "vllm/entrypoints/openai/chat_completion/serving.py",
     ],
+    "0006-per-user-metrics.patch": [
+        "vllm/v1/metrics/stats.py",
+        "vllm/v1/metrics/loggers.py",
+    ],
 }
 
 

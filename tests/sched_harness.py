@@ -67,6 +67,8 @@ def create_scheduler(
     policy: str = "fcfs",
     clock: FakeClock | None = None,
     scheduler_cls: type | None = None,
+    log_stats: bool = False,
+    output_rate_metrics_users: int = 0,
 ) -> Scheduler:
     """A real Scheduler (or AsyncScheduler) with a small KV cache (the builder
     ratebench's scheduler microbenchmark uses)."""
@@ -87,6 +89,8 @@ def create_scheduler(
         enable_prefix_caching=enable_prefix_caching,
         policy=policy,
         scheduler_cls=scheduler_cls,
+        log_stats=log_stats,
+        output_rate_metrics_users=output_rate_metrics_users,
     )
 
 

@@ -134,6 +134,25 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     return checks
 
 
+def _fleet_counters(fp) -> list[Check]:
+    """The operator's view of a fleet: each member's per-user granted counter on /metrics over the phase
+    (``--output-rate-metrics-users``) against that member's dispatch events of the user, exactly. Summed
+    over the members it is the user's tokens across the fleet."""
+    out = []
+    for fu in fp.users:
+        parts, worst = [], 0
+        for member in fp.members:
+            counted = (fp.counters.get(member) or {}).get(fu.user, {}).get("granted", 0.0)
+            events = fu.tokens_by_engine.get(member, 0)
+            worst = max(worst, abs(int(round(counted)) - events))
+            parts.append(f"{member} {counted:g} counted, {events} dispatch events")
+        total = sum((fp.counters.get(m) or {}).get(fu.user, {}).get("granted", 0.0) for m in fp.members)
+        out.append(Check("fleet-metrics", fp.scenario, fp.phase, fp.fleet, fu.user, worst, 0, "<=", "tokens",
+                         worst == 0, f"vllm:output_rate_tokens_granted_total over the phase, per engine: "
+                                     f"{'; '.join(parts)}; across the fleet {total:g} tokens"))
+    return out
+
+
 def _failover(fp, where: str) -> list[Check]:
     """A fleet's failover phase: no request lost silently, and every user of the stopped engine served by
     another one after the stop."""
@@ -172,6 +191,8 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                          None if fo is not None else not bad, text))
         if fp.outcomes is not None:
             out.extend(_failover(fp, where))
+        if fp.counters is not None:
+            out.extend(_fleet_counters(fp))
         for fu in fp.users:
             spread = ", ".join(f"{e} {n}" for e, n in fu.tokens_by_engine.items())
             ids = (fp.scenario, fp.phase, fp.fleet, fu.user)

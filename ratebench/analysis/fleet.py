@@ -68,6 +68,9 @@ class FleetPhase:
     users: list[FleetUser] = field(default_factory=list)
     failover: dict | None = None  # {"engine": the member stopped, "stopped_ns", "users_before", ...}
     outcomes: "FailoverOutcomes | None" = None
+    # the members' per-user counters on /metrics over the phase (--output-rate-metrics-users):
+    # member -> user -> {"granted", "refused"}; None when a member did not export them
+    counters: dict[str, dict[str, dict[str, float]] | None] | None = None
 
 
 @dataclass
@@ -141,6 +144,9 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
                         failover=info.get("failover") if isinstance(info.get("failover"), dict) else None)
         if fp.failover is not None:
             fp.outcomes = failover_outcomes(mine, members, fp.failover)
+        counters = run.phases[indices[0]].params.get("fleet_user_counters")
+        if isinstance(counters, dict) and counters and all(isinstance(c, dict) for c in counters.values()):
+            fp.counters = counters
         for r in mine:
             if r.engine not in members:
                 why = r.error or (f"HTTP {r.http_status}" if r.http_status else "no answer")

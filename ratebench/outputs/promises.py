@@ -128,6 +128,13 @@ CHECKS: dict[str, CheckMeaning] = {
                                          "by another engine afterwards: the balancer did not move it",
                                          "balancers/<fleet>/balancer.log (the engine marked down, the user's "
                                          "requests after); requests.jsonl's engine field"),
+    "fleet-metrics": CheckMeaning("witness", "an engine's per-user counter on /metrics "
+                                  "(vllm:output_rate_tokens_granted_total, --output-rate-metrics-users) "
+                                  "disagrees with its event file's charges of the user over the phase: the "
+                                  "figure an operator sums across a fleet is not what the limiter charged",
+                                  "scenarios.json params.fleet_user_counters (the counters' change over the "
+                                  "phase, per engine) against the user's dispatch events in each member's "
+                                  "engines/<member>/events.rbev"),
     "fleet-served": CheckMeaning("3", "a request sent through the load balancer was served by no engine (refused, "
                                  "or lost when an engine left): a user's request answered with an error",
                                  "requests.jsonl: the request's error and http_status; "

@@ -120,9 +120,13 @@ def build_scheduler(
     enable_prefix_caching: bool = False,
     policy: str = "fcfs",
     scheduler_cls: type | None = None,
+    log_stats: bool = False,
+    output_rate_metrics_users: int = 0,
 ):
     """A real (patched) Scheduler or AsyncScheduler with a KV cache of ``num_blocks``
-    blocks, built from the tiny model's config, as vLLM's own scheduler tests do."""
+    blocks, built from the tiny model's config, as vLLM's own scheduler tests do.
+    ``log_stats`` and ``output_rate_metrics_users``: the stats the engine would send its
+    API server (``make_stats``), with the limiter's per-user counters."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -134,6 +138,8 @@ def build_scheduler(
     if default_tps is not None:
         limiter_kwargs = {"default_user_output_tokens_per_second": default_tps,
                           "user_output_tokens_per_second": user_tps}
+        if output_rate_metrics_users:
+            limiter_kwargs["output_rate_metrics_users"] = output_rate_metrics_users
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs,
         max_num_active_seqs=max_num_active_seqs,
@@ -161,7 +167,7 @@ def build_scheduler(
     cls = scheduler_cls or (AsyncScheduler if async_scheduling else Scheduler)
     scheduler = cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
                     structured_output_manager=StructuredOutputManager(vllm_config), block_size=block_size,
-                    log_stats=False)
+                    log_stats=log_stats)
     limiter = getattr(scheduler, "output_rate_limiter", None)
     if clock is not None and limiter is not None:
         limiter.clock_ns = clock
