@@ -54,6 +54,7 @@ def engine_name(role: str, mode: str) -> str:
 # and event file), and each phase is recorded once per member, with the requests that member served.
 ROLE_FLEET = "fleet"
 FAILOVER_THINK_S = 0.05  # a failover phase's client: its next request this long after the last one ended
+FLEET_STAGGER_S = 0.025  # a fleet phase's streams are sent this far apart, in order
 _FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)-(sync|async)")
 
 
@@ -857,8 +858,16 @@ async def _user_counters_over_phase(engine: EngineRef) -> Callable[[], Awaitable
     before = await fleet_user_counters(engine.member_endpoints)
 
     async def after() -> dict[str, Any]:
-        await asyncio.sleep(0.3)  # the last step's stats reach the API server with its outputs
+        # The last step's stats reach the API server's metrics with its outputs, a little after the client
+        # got its last chunk: read until two reads 200 ms apart agree (at most 3 s).
         now = await fleet_user_counters(engine.member_endpoints)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            again = await fleet_user_counters(engine.member_endpoints)
+            if again == now:
+                break
+            now = again
         out: dict[str, Any] = {}
         for member, counts in now.items():
             if counts is None:
@@ -883,6 +892,10 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
             for i, user in enumerate(p["users"]):  # a user's streams one after another: round-robin spreads them
                 reqs += await _streams(ctx, engine, user, p["streams"], p["max_tokens"], f"{salt} {user}",
                                        first_index=i * p["streams"], headers={p["user_header"]: user})
+            # sent 25 ms apart, so that they reach the balancer in this order (sent at once, they arrive in any
+            # order, and round-robin can give both streams of a user to one engine)
+            for k, req in enumerate(reqs):
+                req.delay_s = k * FLEET_STAGGER_S
             await ctx.phase(engine, policy, reqs, {u: {"streams": p["streams"], "backlogged": True}
                                                    for u in p["users"]},
                             params={"ignore_eos": True, "policy": policy}, route=policy,
