@@ -25,6 +25,7 @@ cannot be kept to a per-user rate by any engine.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -156,10 +157,15 @@ def start_balancer(servers: dict[str, int], folder: Path, policies: list[str], *
     if check.returncode != 0:
         raise BalancerError(f"HAProxy refused its configuration {cfg}: {(check.stderr or check.stdout).strip()}")
     log_file = open(folder / "balancer.log", "ab")
-    process = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdin=subprocess.DEVNULL, stdout=log_file,
-                               stderr=subprocess.STDOUT, process_group=0, cwd=folder)
+    try:
+        process = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdin=subprocess.DEVNULL, stdout=log_file,
+                                   stderr=subprocess.STDOUT, process_group=0, cwd=folder)
+    except OSError:
+        log_file.close()
+        raise
     balancer = RunningBalancer(process, folder, {p: f"http://127.0.0.1:{port}" for p, port in frontends.items()},
                                dict(servers), user_header, log_file)
+    atexit.register(balancer.stop)  # never outlives ratebench, whatever ends it (stop() is idempotent)
     try:
         _wait_routing(balancer, timeout_s)
     except BaseException:

@@ -116,8 +116,16 @@ def plan_phases(specs: list[ScenarioSpec]) -> list[tuple[ScenarioSpec, PhasePlan
 
 def engines_wanted(upcoming: list[str], max_engines: int) -> list[str]:
     """Before a phase (``upcoming``: the engines of it and the phases after it, in order): its engine
-    and as many of the following phases' as ``max_engines`` allows, by next use."""
-    return list(dict.fromkeys(upcoming))[:max_engines]
+    and as many of the following phases' as ``max_engines`` allows, by next use (a fleet counts as
+    its members)."""
+    out, used = [], 0
+    for name in dict.fromkeys(upcoming):
+        size = len(fleet_members(name) or [name])
+        if out and used + size > max_engines:
+            break
+        out.append(name)
+        used += size
+    return out
 
 
 def engine_starts(phase_engines: list[str], max_engines: int) -> list[list[str]]:

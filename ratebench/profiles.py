@@ -596,6 +596,14 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
         sc = v.scenario(raw, f"scenarios[{i}]", scheduling, limits, engine, model)
         if sc.name in seen:
             raise ProfileError(path, f"scenarios[{i}].name", "a name not used by another scenario", sc.name)
+        if sc.kind == "fleet" and any(s.kind == "fleet" for s in scenarios):
+            # two would share member engines (patched-<mode>.e<k>): a member stopped by one's failover
+            # would be started again under its name, its event file and manifest entry overwritten
+            raise ProfileError(path, f"scenarios[{i}].kind", "at most one fleet scenario in a profile", sc.kind)
+        if sc.kind == "fleet" and sc.params["engines"] > max_engines:
+            raise ProfileError(path, "profile.max_engines",
+                               f"at least the fleet's engines ({sc.params['engines']}): a fleet's phase runs on "
+                               "all of them at once", max_engines)
         seen.add(sc.name)
         scenarios.append(sc)
 
@@ -722,10 +730,19 @@ class _Validator:
             raise ProfileError(self.path, f"{where}.streams",
                                f"at least as many streams as engines ({p['engines']}), so that round-robin spreads "
                                "a user over the fleet", p["streams"])
-        if model.max_model_len is not None and p["prompt_tokens"] + p["max_tokens"] >= model.max_model_len:
-            raise ProfileError(self.path, f"{where}.max_tokens",
-                               f"prompt_tokens + max_tokens below model.max_model_len ({model.max_model_len})",
-                               p["max_tokens"])
+        for key in ("max_tokens", "failover_max_tokens"):
+            if model.max_model_len is not None and p["prompt_tokens"] + p[key] >= model.max_model_len:
+                raise ProfileError(self.path, f"{where}.{key}",
+                                   f"prompt_tokens + {key} below model.max_model_len ({model.max_model_len})", p[key])
+        if p["failover"]:
+            # the stop must come while the users still send: well before their closed loops end at their limits
+            lasts = min(p["streams"] * p["failover_requests"] * p["failover_max_tokens"] / limits.limit_of(u)
+                        for u in p["users"])
+            if p["failover_after_s"] > lasts / 2:
+                raise ProfileError(self.path, f"{where}.failover_after_s",
+                                   f"at most half the failover phase at the users' limits ({lasts / 2:.2f} s: "
+                                   "streams x failover_requests x failover_max_tokens / limit), so that users "
+                                   "still send after the stop", p["failover_after_s"])
 
     def _scenario_rules(self, kind: str, p: dict, where: str, limits: Limits, engine: EngineFlags,
                         model: ModelSpec) -> None:

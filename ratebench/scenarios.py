@@ -164,6 +164,9 @@ class ScenarioContext:
         finally:
             if side is not None and not side.done():
                 side.cancel()
+            elif side is not None and "alongside" not in record.params and not side.cancelled() \
+                    and side.exception() is None:
+                record.params["alongside"] = side.result()  # interrupted after it ran: keep what it did
             record.end_ns = time.monotonic_ns()
             record.params["client_loop_lag"] = self.driver.last_loop_lag  # how late the driver's loop read bytes
             for user in users:
@@ -193,7 +196,9 @@ def _member_records(record: PhaseRecord, fleet: EngineRef, route: str, records: 
     out = []
     for member in fleet.members:
         served = collections.Counter(r.user for r in mine if r.engine == member)
-        users = {u: {**entry, "streams": served[u]} for u, entry in record.users.items() if served.get(u)}
+        # streams there: the requests it served (a failover's closed loops: at most the user's streams)
+        users = {u: {**entry, "streams": min(served[u], entry.get("streams") or served[u])}
+                 for u, entry in record.users.items() if served.get(u)}
         out.append(replace(record, engine=member, users=users, params={**record.params, "fleet": info}))
     return out
 

@@ -181,3 +181,22 @@ def test_the_balancer_is_recorded_and_stopped_with_the_engines(fleet_run) -> Non
         assert engine["feature"] is True and engine["stopped_monotonic_ns"]
         # the failover's engine may be killed after 2 s (its API server waits for open connections)
         assert engine["killed_pids"] == [] or engine.get("failover_stopped_monotonic_ns"), engine
+
+
+def test_a_partial_fleet_run_keeps_each_fleet_phase_whole(fleet_run, tmp_path) -> None:
+    """verify-bound --partial on a fleet: a member that served nobody is complete, the requests the balancer
+    refused and the answers the failover cut do not make a phase incomplete, and the fleet checks are
+    the complete run's."""
+    import shutil
+
+    from ratebench.verify import verify_run
+
+    folder = tmp_path / "partial"
+    shutil.copytree(fleet_run.run_dir, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.update(state="partial", partial_reason="test: marked partial")
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    verdict = verify_run(folder, partial=True, write=False, plots=False)
+    assert verdict.missing_phases == []
+    whole = {(c.name, c.phase, c.user, c.passed) for c in fleet_run.verdict.checks if c.name.startswith("fleet")}
+    assert {(c.name, c.phase, c.user, c.passed) for c in verdict.checks if c.name.startswith("fleet")} == whole

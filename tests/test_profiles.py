@@ -365,3 +365,24 @@ def test_the_gpu_fleet_puts_each_engine_on_its_own_gpu() -> None:
     prof.engine.env["CUDA_VISIBLE_DEVICES"] = "2"
     with pytest.raises(ProfileError, match="at least as many GPUs as the fleet's engines"):
         plan_run(prof)
+
+
+def test_a_fleet_is_refused_twice_beside_too_few_engines_or_with_a_stop_after_its_users_are_done() -> None:
+    data = _cpu_fleet()
+    data["scenarios"].append({**data["scenarios"][0], "name": "again"})
+    _refused(data, "scenarios[1].kind", "at most one fleet scenario in a profile")
+    data = _cpu_fleet()
+    data["profile"]["max_engines"] = 1
+    _refused(data, "profile.max_engines", "at least the fleet's engines (2)")
+    data = _cpu_fleet()
+    data["scenarios"][0]["failover_after_s"] = 3.0  # 4 streams x 2 x 16 tokens at 30 tok/s: 4.27 s in all
+    _refused(data, "scenarios[0].failover_after_s", "at most half the failover phase at the users' limits (2.13 s")
+
+
+def test_a_fleet_counts_as_its_members_among_the_engines_alive_at_once() -> None:
+    from ratebench.plan import engines_wanted
+
+    assert engines_wanted(["fleet2-sync", "fleet2-async", "patched-sync"], 2) == ["fleet2-sync"]
+    assert engines_wanted(["fleet2-sync", "patched-sync"], 3) == ["fleet2-sync", "patched-sync"]
+    assert engines_wanted(["patched-sync", "fleet2-sync"], 2) == ["patched-sync"]
+    assert engines_wanted(["fleet3-sync"], 2) == ["fleet3-sync"]  # the next phase's engines always run

@@ -166,11 +166,16 @@ def _failover(fp, where: str) -> list[Check]:
                                                                     else "") if lost else "; none lost silently"))]
     users = fo.get("users_before") or []
     moved = "; ".join(f"{u} to {e}" for u, e in o.moved.items()) or "none"
+    judged = bool(o.moved or o.not_moved)
+    text = (f"{len(users)} users on {fo.get('engine')} before the stop; served by another engine after it: {moved}"
+            + (f"; never served again: {', '.join(o.not_moved)}" if o.not_moved else "")
+            + (f"; sent nothing after the stop (not judged): {', '.join(o.silent)}" if o.silent else ""))
+    if not users:
+        text = f"no user had been served by {fo.get('engine')} before the stop: the failover moved nobody"
+    if not judged:
+        text = "not exercised, " + text
     out.append(Check("fleet-failover-moved", fp.scenario, fp.phase, fp.fleet, None, len(o.not_moved), 0, "<=",
-                     "users", not o.not_moved if users else None,
-                     (f"{len(users)} users on {fo.get('engine')} before the stop; served by another engine after it: "
-                      f"{moved}" + (f"; never served again: {', '.join(o.not_moved)}" if o.not_moved else ""))
-                     if users else f"no user had been served by {fo.get('engine')} before the stop: nothing to move"))
+                     "users", not o.not_moved if judged else None, text))
     return out
 
 
@@ -191,8 +196,13 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
                          None if fo is not None else not bad, text))
         if fp.outcomes is not None:
             out.extend(_failover(fp, where))
-        if fp.counters is not None:
+        if fp.counters is not None and all(isinstance(c, dict) for c in fp.counters.values()):
             out.extend(_fleet_counters(fp))
+        elif fp.counters_asked and fo is None:  # (a failover's stopped engine has no /metrics to read)
+            missing = [m for m in fp.members if not isinstance((fp.counters or {}).get(m), dict)]
+            out.append(Check("fleet-metrics", fp.scenario, fp.phase, fp.fleet, None, len(missing), 0, "<=",
+                             "engines", False, f"the engines ran with --output-rate-metrics-users, and "
+                                                f"{', '.join(missing)} exported no per-user counter on /metrics"))
         for fu in fp.users:
             spread = ", ".join(f"{e} {n}" for e, n in fu.tokens_by_engine.items())
             ids = (fp.scenario, fp.phase, fp.fleet, fu.user)

@@ -71,6 +71,7 @@ class FleetPhase:
     # the members' per-user counters on /metrics over the phase (--output-rate-metrics-users):
     # member -> user -> {"granted", "refused"}; None when a member did not export them
     counters: dict[str, dict[str, dict[str, float]] | None] | None = None
+    counters_asked: bool = False  # the members ran with --output-rate-metrics-users N > 0
 
 
 @dataclass
@@ -82,6 +83,7 @@ class FailoverOutcomes:
     lost_silently: list[str] = field(default_factory=list)  # "client id: what": looked complete, was not
     moved: dict[str, str] = field(default_factory=dict)  # user of the stopped engine -> engine after the stop
     not_moved: list[str] = field(default_factory=list)  # users of the stopped engine served by no other after
+    silent: list[str] = field(default_factory=list)  # users of the stopped engine that sent nothing after the stop
 
 
 def cut_by_failover(run: RunData) -> set[str]:
@@ -125,6 +127,8 @@ def failover_outcomes(records: list, members: list[str], failover: dict) -> Fail
             out.moved[user] = ", ".join(after)
         elif any(r.user == user and (r.sent_ns or 0) >= stopped for r in records):
             out.not_moved.append(user)
+        else:
+            out.silent.append(user)
     return out
 
 
@@ -145,8 +149,10 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
         if fp.failover is not None:
             fp.outcomes = failover_outcomes(mine, members, fp.failover)
         counters = run.phases[indices[0]].params.get("fleet_user_counters")
-        if isinstance(counters, dict) and counters and all(isinstance(c, dict) for c in counters.values()):
+        if isinstance(counters, dict) and counters:
             fp.counters = counters
+        fp.counters_asked = any(_asks_for_counters((run.manifest.get("engines") or {}).get(m) or {})
+                                for m in members)
         for r in mine:
             if r.engine not in members:
                 why = r.error or (f"HTTP {r.http_status}" if r.http_status else "no answer")
@@ -159,6 +165,16 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
                 fp.users.append(fu)
         out.append(fp)
     return out
+
+
+def _asks_for_counters(entry: dict) -> bool:
+    flags = [str(f) for f in entry.get("flags") or []]
+    for i, flag in enumerate(flags):
+        value = flag.split("=", 1)[1] if flag.startswith("--output-rate-metrics-users=") else (
+            flags[i + 1] if flag == "--output-rate-metrics-users" and i + 1 < len(flags) else None)
+        if value is not None:
+            return value.strip() not in ("", "0")
+    return False
 
 
 def _fleet_user(run: RunData, s: RunSummary, indices: list[int], user: str, records: list, burst_ns: int,

@@ -51,22 +51,52 @@ def keep_completed_phases(run: RunData) -> tuple[RunData, list[MissingPhase]]:
     records_of: dict[tuple[str, str, str], list[int]] = {}
     for i, r in enumerate(run.records):
         records_of.setdefault((r.scenario, r.phase, r.engine), []).append(i)
-    finished = _records_with_finish_event(run)
+    finished = _records_with_finish_event(run) | _cut_by_failover_indices(run)
     missing: list[MissingPhase] = []
     kept: list[PhaseRecord] = []
+    # a fleet's phase (one record per member, tied by params.fleet) is kept or left out as a whole: its
+    # fleet checks merge the members; a member that served nobody is complete
+    fleets: dict[tuple[str, str, str], list[PhaseRecord]] = {}
     for p in run.phases:
-        why = _why_incomplete(run, p, records_of.get(p.key, []), finished)
+        name = _fleet_of(p)
+        if name is not None:
+            fleets.setdefault((p.scenario, p.phase, name), []).append(p)
+    fleet_why: dict[tuple[str, str, str], str | None] = {}
+    for key, members in fleets.items():
+        anyone = any(records_of.get(m.key) for m in members) or bool(records_of.get(key))
+        whys = [_why_incomplete(run, m, records_of.get(m.key, []), finished)
+                for m in members if records_of.get(m.key) or not anyone]
+        why = next((w for w in whys if w is not None), None)
+        fleet_why[key] = None if why is None else f"a member of fleet {key[2]}: {why}"
+    for p in run.phases:
+        name = _fleet_of(p)
+        why = fleet_why[(p.scenario, p.phase, name)] if name is not None else \
+            _why_incomplete(run, p, records_of.get(p.key, []), finished)
         if why is None:
             kept.append(p)
         else:
             missing.append(MissingPhase(p.scenario, p.phase, p.engine, why))
-    listed = {p.key for p in run.phases}
+    listed = {p.key for p in run.phases} | set(fleets)  # records the balancer refused carry the fleet's name
     for key, idx in records_of.items():
         if key not in listed:
             missing.append(MissingPhase(*key, f"{len(idx)} client records but no entry in scenarios.json "
                                                  "(the run stopped before the phase was recorded)"))
     missing.extend(_never_started(run.manifest, listed | set(records_of)))
     return _restrict(run, kept), missing
+
+
+def _fleet_of(p: PhaseRecord) -> str | None:
+    info = p.params.get("fleet")
+    return str(info["name"]) if isinstance(info, dict) and info.get("name") else None
+
+
+def _cut_by_failover_indices(run: RunData) -> set[int]:
+    """Client records a fleet's failover cut on the stopped engine: complete as they are (their engine was
+    stopped; fleet-failover-lost judges them)."""
+    from ratebench.analysis.fleet import cut_by_failover
+
+    cut = cut_by_failover(run)
+    return {i for i, r in enumerate(run.records) if r.client_id in cut} if cut else set()
 
 
 def _records_with_finish_event(run: RunData) -> set[int]:
@@ -131,6 +161,7 @@ def _restrict(run: RunData, kept: list[PhaseRecord]) -> RunData:
     for p_new, p_old in zip(phases, kept):
         new_phase[p_old.index] = p_new.index
     keys = {p.key for p in kept}
+    keys |= {(p.scenario, p.phase, name) for p in kept if (name := _fleet_of(p)) is not None}  # balancer-refused
     new_record = np.full(len(run.records) + 1, -1, dtype=np.int64)
     records = []
     for i, r in enumerate(run.records):
