@@ -109,5 +109,6 @@ def test_the_configuration_routes_by_the_header_it_is_given() -> None:
     assert "balance hdr(X-Tenant)" in cfg and "hash-type consistent" in cfg
     assert "deny deny_status 400 if !{ req.hdr(X-Tenant) -m found }" in cfg
     assert "redispatch" not in cfg and "hash-balance-factor" not in cfg
+    assert "observe layer4 error-limit 1 on-error mark-down" in cfg  # a refused connection marks it down
     with pytest.raises(BalancerError, match="unknown routing policy 'random'"):
         haproxy_config({"a": 1}, {"random": 2})

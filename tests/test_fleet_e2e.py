@@ -154,6 +154,8 @@ def test_an_engine_stopped_mid_phase_moves_its_users_and_loses_no_request_silent
     lost, moved = checks[("fleet-failover-lost", None)], checks[("fleet-failover-moved", None)]
     assert lost.passed and lost.figure == 0, lost.explanation
     assert moved.passed and moved.figure == 0, moved.explanation
+    served = checks[("fleet-served", None)]  # users the stopped engine never served: nothing refused
+    assert served.passed, served.explanation
     for user in stop["users_before"]:
         assert user in moved.explanation
         for name in FLEET_BOUNDS:  # a fresh budget on the new engine: one burst and one token allowed

@@ -190,10 +190,18 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
         text = (f"{len(bad)} of {fp.requests} requests sent through the balancer were served by no engine ({where}): "
                 f"{bad[0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")) if bad else \
             f"{fp.requests} requests sent through the balancer, each served by a member engine ({where})"
-        if fo is not None:  # refusals while the balancer finds the stopped engine gone are the phase's plan
-            text = f"failover ({fo.get('engine')} stopped, judged by fleet-failover-*), not judged: " + text
+        passed = not bad
+        if fo is not None:
+            # refusals while the balancer finds the stopped engine gone are the phase's plan, for the users that
+            # engine served; a user it never served must see none
+            before = set(fo.get("users_before") or [])
+            others = [b for b, u in zip(bad, fp.unserved_users) if u not in before]
+            passed = not others
+            text = (f"failover ({fo.get('engine')} stopped; its users' refusals judged by fleet-failover-*), "
+                    f"{len(others)} refused of users it never served: " + text)
+            bad = others
         out.append(Check("fleet-served", fp.scenario, fp.phase, fp.fleet, None, len(bad), 0, "<=", "requests",
-                         None if fo is not None else not bad, text))
+                         passed, text))
         if fp.outcomes is not None:
             out.extend(_failover(fp, where))
         if fp.counters is not None and all(isinstance(c, dict) for c in fp.counters.values()):

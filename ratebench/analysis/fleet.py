@@ -65,6 +65,7 @@ class FleetPhase:
     members: list[str]
     requests: int  # sent through the balancer
     unserved: list[str] = field(default_factory=list)  # "client id: why" of requests no member served
+    unserved_users: list[str | None] = field(default_factory=list)  # the user of each of them
     users: list[FleetUser] = field(default_factory=list)
     failover: dict | None = None  # {"engine": the member stopped, "stopped_ns", "users_before", ...}
     outcomes: "FailoverOutcomes | None" = None
@@ -157,6 +158,7 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
             if r.engine not in members:
                 why = r.error or (f"HTTP {r.http_status}" if r.http_status else "no answer")
                 fp.unserved.append(f"{r.client_id} ({r.user}): {why}; no engine named in the balancer's answer")
+                fp.unserved_users.append(r.user)
         users = sorted({u for i in indices for u in run.phases[i].users} | {r.user for r in mine if r.user})
         for user in users:
             fu = _fleet_user(run, s, indices, user, [r for r in mine if r.user == user], burst_ns,
