@@ -149,6 +149,7 @@ def start_balancer(servers: dict[str, int], folder: Path, policies: list[str], *
     from ratebench.engine import free_port
 
     binary = haproxy_binary()
+    folder = folder.resolve()  # HAProxy runs in it: a relative run folder (results/...) would be read twice over
     folder.mkdir(parents=True, exist_ok=True)
     frontends = {policy: free_port() for policy in policies}
     cfg = folder / "haproxy.cfg"

@@ -46,10 +46,12 @@ class _Engine(http.server.ThreadingHTTPServer):
 
 
 @pytest.fixture
-def fleet(tmp_path: Path):
+def fleet(tmp_path: Path, monkeypatch):
     engines = {name: _Engine(name) for name in ("patched-sync.e0", "patched-sync.e1", "patched-sync.e2")}
-    balancer = start_balancer({n: e.port for n, e in engines.items()}, tmp_path / "balancer",
+    monkeypatch.chdir(tmp_path)  # a relative folder, as `ratebench run`'s default results/ gives
+    balancer = start_balancer({n: e.port for n, e in engines.items()}, Path("results") / "balancer",
                               ["round-robin", "user-hash"])
+    assert (tmp_path / "results" / "balancer" / "haproxy.cfg").is_file()
     try:
         yield balancer, engines
     finally:
