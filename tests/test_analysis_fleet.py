@@ -55,3 +55,19 @@ def test_a_user_of_the_stopped_engine_never_served_again_is_not_moved() -> None:
                         http_status=503, error="HTTP 503: No server is available"))
     o = failover_outcomes(records, MEMBERS, STOP)
     assert o.not_moved == ["user-b"] and "user-a" in o.moved
+
+
+def test_a_per_user_counter_that_differs_from_the_charges_by_one_token_fails_fleet_metrics() -> None:
+    from ratebench.analysis.checks import _fleet_counters
+    from ratebench.analysis.fleet import FleetPhase, FleetUser
+
+    def phase(e0_counted: float) -> FleetPhase:
+        return FleetPhase("fleet", "round-robin", "fleet2-sync", "round-robin", MEMBERS, 4,
+                          users=[FleetUser("user-a", 30, 4, {"patched-sync.e0": 80, "patched-sync.e1": 80})],
+                          counters={"patched-sync.e0": {"user-a": {"granted": e0_counted, "refused": 3.0}},
+                                    "patched-sync.e1": {"user-a": {"granted": 80.0, "refused": 2.0}}})
+
+    (ok,) = _fleet_counters(phase(80.0))
+    assert ok.passed and ok.figure == 0 and "across the fleet 160 tokens" in ok.explanation
+    (bad,) = _fleet_counters(phase(79.0))  # a counter one token short of what the limiter charged
+    assert bad.passed is False and bad.figure == 1 and "79 counted, 80 dispatch events" in bad.explanation
