@@ -60,7 +60,8 @@ class EngineSet:
         self.running: dict[str, RunningEngine] = {}
         self.refs: dict[str, EngineRef] = {}
         self.balancers: dict[str, Any] = {}  # fleet name -> its RunningBalancer (ratebench/balancer.py)
-        self._stale: set[str] = set()  # fleets one of whose members was stopped (failover)
+        self._stale: set[str] = set()
+        self._stopped_cpu_s = 0.0  # CPU-seconds the engines stopped so far had used (cpu_probe)  # fleets one of whose members was stopped (failover)
         self._pristine_files: dict[str, bytes | None] | None = None
         # wall seconds spent starting engines (until they serve), warming them up, stopping them
         self.stage_s: dict[str, float] = {"engines start": 0.0, "engines warm-up": 0.0, "engines stop": 0.0}
@@ -241,6 +242,9 @@ class EngineSet:
         if engine is None:
             return
         t0 = time.monotonic()
+        # what it used so far stays in the run's CPU time (a failover stops a member mid-phase: without this
+        # its CPU-seconds would leave the sum and read as other processes' negative use)
+        self._stopped_cpu_s += groups_cpu_s({engine.pgid})
         try:
             self._stop(name, engine, settle, grace_s)
         finally:
@@ -332,4 +336,4 @@ class EngineSet:
         driver and every engine it runs. Their difference over a phase is what other processes took."""
         own = os.times()
         engines = groups_cpu_s({e.pgid for e in self.running.values()}) if self.running else 0.0
-        return machine_busy_cpu_s(), own.user + own.system + engines
+        return machine_busy_cpu_s(), own.user + own.system + engines + self._stopped_cpu_s

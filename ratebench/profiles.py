@@ -85,6 +85,11 @@ A ``fleet`` scenario runs ``engines`` limiter-on engines behind HAProxy
     failover_after_s = 1.5
     failover_requests = 3             # per stream, a closed loop of short answers
     failover_max_tokens = 16
+    light_users = ["user-c"]          # short answers beside the throttled users; their limits cannot bind
+    light_requests = 8                # per light user, `light_every_s` apart, each of `light_max_tokens`
+    light_max_tokens = 8              # (all of them within one burst of the user's limit)
+    light_every_s = 0.25
+    baseline = true                   # the policy phases again on a limiter-off fleet: isolation across it
 """
 
 from __future__ import annotations
@@ -444,6 +449,16 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "failover_after_s": ("pos_num", 1.5),
         "failover_requests": ("pos_int", 3),
         "failover_max_tokens": ("pos_int", 16),
+        # users whose limits cannot bind: each sends `light_requests` answers of `light_max_tokens` through
+        # the balancer, open loop, `light_every_s` apart, while the backlogged users are throttled (all of a
+        # light user's tokens of a phase fit in one burst of its limit)
+        "light_users": ("user_list", []),
+        "light_requests": ("pos_int", 8),
+        "light_max_tokens": ("pos_int", 8),
+        "light_every_s": ("pos_num", 0.25),
+        # each policy's phase again on `engines` limiter-off engines behind a balancer of their own (the same
+        # requests): isolation judges the light users across the fleet against it
+        "baseline": ("bool", False),
     },
 }
 # Kinds whose requests say their own prompt and API (no common parameters).
@@ -730,10 +745,25 @@ class _Validator:
             raise ProfileError(self.path, f"{where}.streams",
                                f"at least as many streams as engines ({p['engines']}), so that round-robin spreads "
                                "a user over the fleet", p["streams"])
-        for key in ("max_tokens", "failover_max_tokens"):
+        for key in ("max_tokens", "failover_max_tokens", "light_max_tokens"):
             if model.max_model_len is not None and p["prompt_tokens"] + p[key] >= model.max_model_len:
                 raise ProfileError(self.path, f"{where}.{key}",
                                    f"prompt_tokens + {key} below model.max_model_len ({model.max_model_len})", p[key])
+        for user in p["light_users"]:
+            if user in p["users"]:
+                raise ProfileError(self.path, f"{where}.light_users", "users not in `users` (those are backlogged)",
+                                   user)
+            burst = 0.1 * limits.limit_of(user) + 1
+            if p["light_requests"] * p["light_max_tokens"] > burst:
+                raise ProfileError(self.path, f"{where}.light_users",
+                                   f"users whose limit cannot bind: light_requests x light_max_tokens "
+                                   f"({p['light_requests'] * p['light_max_tokens']}) within one burst of the "
+                                   f"user's limit (0.1 s x {limits.limit_of(user)} tok/s + 1 = {burst:g} tokens); "
+                                   "give it a higher limit in [limits.users] or send less", user)
+        if p["baseline"] and not p["light_users"]:
+            raise ProfileError(self.path, f"{where}.baseline",
+                               "light_users to judge against it (the backlogged users' limits bind: isolation "
+                               "judges the users whose limits do not)", p["baseline"])
         if p["failover"]:
             # the stop must come while the users still send: well before their closed loops end at their limits
             lasts = min(p["streams"] * p["failover_requests"] * p["failover_max_tokens"] / limits.limit_of(u)

@@ -52,14 +52,17 @@ def engine_name(role: str, mode: str) -> str:
 # A fleet: K limiter-on engines behind a load balancer (ratebench/balancer.py). Its phases name the
 # fleet (fleet<K>-<mode>); each member is an engine of its own (patched-<mode>.e<k>: its folder, log
 # and event file), and each phase is recorded once per member, with the requests that member served.
+# Its baseline, the same requests on K limiter-off engines behind a balancer of their own, is the
+# fleet fleet<K>-off-<mode> (members feature-off-<mode>.e<k>).
 ROLE_FLEET = "fleet"
 FAILOVER_THINK_S = 0.05  # a failover phase's client: its next request this long after the last one ended
 FLEET_STAGGER_S = 0.025  # a fleet phase's streams are sent this far apart, in order
-_FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)-(sync|async)")
+_FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)(-off)?-(sync|async)")
 
 
-def fleet_name(engines: int, mode: str) -> str:
-    return f"{ROLE_FLEET}{engines}-{mode}"
+def fleet_name(engines: int, mode: str, *, off: bool = False) -> str:
+    """fleet2-sync (limiter on), fleet2-off-sync (its limiter-off baseline)."""
+    return f"{ROLE_FLEET}{engines}{'-off' if off else ''}-{mode}"
 
 
 def fleet_members(name: str) -> list[str] | None:
@@ -67,7 +70,8 @@ def fleet_members(name: str) -> list[str] | None:
     m = _FLEET_NAME.fullmatch(name)
     if m is None:
         return None
-    return [f"{engine_name(ROLE_FEATURE_ON, m.group(2))}.e{k}" for k in range(int(m.group(1)))]
+    role = ROLE_FEATURE_OFF if m.group(2) else ROLE_FEATURE_ON
+    return [f"{engine_name(role, m.group(3))}.e{k}" for k in range(int(m.group(1)))]
 
 
 def member_base(name: str) -> str:
@@ -887,12 +891,38 @@ async def _user_counters_over_phase(engine: EngineRef) -> Callable[[], Awaitable
 def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
     """A fleet of limiter-on engines behind a load balancer, one phase per routing policy: each user's
     backlogged streams go through the balancer, the user named in the gateway's header and in
-    vllm_xargs. The verifier judges the per-user bound across the fleet (analysis/fleet.py)."""
+    vllm_xargs. The verifier judges the per-user bound across the fleet (analysis/fleet.py).
+
+    ``light_users`` send short answers through the same balancer while the backlogged users are
+    throttled, each user's tokens of the phase within one burst (its limit cannot bind); with
+    ``baseline`` each policy's phase runs again, the same requests, on a limiter-off fleet of as many
+    engines (``<policy>-baseline`` on fleet<K>-off-<mode>), and isolation judges the light users
+    across the fleet against it (analysis/isolation.py)."""
     p = spec.params
 
-    def run_of(policy: str):
+    def light_requests(ctx: ScenarioContext, engine: EngineRef, salt: str, heavy: int):
+        """Each light user's answers, open loop, ``light_every_s`` apart from just after the last
+        backlogged stream was sent (so that round-robin has placed those first)."""
+        async def make() -> list[StreamRequest]:
+            out: list[StreamRequest] = []
+            start = heavy * FLEET_STAGGER_S + p["light_every_s"] / 2
+            for j, user in enumerate(p["light_users"]):
+                reqs = await _streams(ctx, engine, user, p["light_requests"], p["light_max_tokens"],
+                                      f"{salt} {user}", first_index=heavy + j * p["light_requests"],
+                                      headers={p["user_header"]: user})
+                for k, req in enumerate(reqs):
+                    req.delay_s = start + k * p["light_every_s"] + j * FLEET_STAGGER_S
+                out += reqs
+            return out
+        return make
+
+    def run_of(policy: str, *, baseline: bool = False):
+        phase = f"{policy}-baseline" if baseline else policy
+
         async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
-            salt = _salt(ctx, engine, policy)
+            # the baseline's requests are those of the first mode's limiter-on fleet (its salt: the same prompts)
+            on = fleet_name(p["engines"], spec.scheduling[0]) if baseline else engine.name
+            salt = f"{ctx.driver.run_id} {ctx.spec.name} {on} {policy}"
             reqs: list[StreamRequest] = []
             for i, user in enumerate(p["users"]):  # a user's streams one after another: round-robin spreads them
                 reqs += await _streams(ctx, engine, user, p["streams"], p["max_tokens"], f"{salt} {user}",
@@ -901,14 +931,23 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
             # order, and round-robin can give both streams of a user to one engine)
             for k, req in enumerate(reqs):
                 req.delay_s = k * FLEET_STAGGER_S
-            await ctx.phase(engine, policy, reqs, {u: {"streams": p["streams"], "backlogged": True}
-                                                   for u in p["users"]},
+            users = {u: {"streams": p["streams"], "backlogged": True} for u in p["users"]}
+            if p["light_users"]:
+                reqs += await light_requests(ctx, engine, salt, len(reqs))()
+                users.update({u: {"streams": 1, "backlogged": False, "light": True} for u in p["light_users"]})
+            await ctx.phase(engine, phase, reqs, users, role="baseline" if baseline else "measure",
                             params={"ignore_eos": True, "policy": policy}, route=policy,
-                            extra=await _user_counters_over_phase(engine))
+                            extra=None if baseline else await _user_counters_over_phase(engine))
         return run
 
     def estimate(limits: Limits | None) -> PhaseEstimate:
-        return _at_limits(limits, [(u, p["streams"], p["max_tokens"]) for u in p["users"]])
+        est = _at_limits(limits, [(u, p["streams"], p["max_tokens"]) for u in p["users"]])
+        if p["light_users"] and est.at_least_s is not None:
+            light_s = len(p["users"]) * p["streams"] * FLEET_STAGGER_S + p["light_requests"] * p["light_every_s"]
+            if light_s > est.at_least_s:
+                est = replace(est, at_least_s=light_s, basis=f"{est.basis}; light users' answers sent over "
+                                                             f"{light_s:.1f} s")
+        return est
 
     async def failover(ctx: ScenarioContext, engine: EngineRef) -> None:
         """user-hash, each user's streams a closed loop of short requests; ``failover_after_s`` in, the
@@ -956,6 +995,11 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
         plans += [PhasePlan(spec.name, policy, name, run_of(policy), estimate) for policy in p["policies"]]
         if p["failover"]:
             plans.append(PhasePlan(spec.name, "failover", name, failover, failover_estimate))
+    if p["baseline"]:
+        # the limiter-off fleet, once (as a mix's baseline): every scheduling mode's fleet is judged against it
+        off = fleet_name(p["engines"], spec.scheduling[0], off=True)
+        plans += [PhasePlan(spec.name, f"{policy}-baseline", off, run_of(policy, baseline=True), estimate)
+                  for policy in p["policies"]]
     return plans
 
 

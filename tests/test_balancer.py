@@ -16,6 +16,9 @@ from ratebench.balancer import SERVED_BY_HEADER, USER_HEADER, BalancerError, hap
 from ratebench.engine import free_port
 
 
+STREAM_EVENTS, STREAM_EVERY_S = 10, 0.04
+
+
 class _Engine(http.server.ThreadingHTTPServer):
     """Answers /health and everything else with 200 and its own name, as long as it runs."""
 
@@ -31,11 +34,26 @@ class _Engine(http.server.ThreadingHTTPServer):
                 handler.end_headers()
                 handler.wfile.write(body)
 
-            do_POST = do_GET
+            def do_POST(handler) -> None:  # noqa: N805
+                if handler.path != "/stream":
+                    return handler.do_GET()
+                # a token stream: one small server-sent event every 40 ms, chunked, as vLLM's API server sends
+                handler.send_response(200)
+                handler.send_header("Content-Type", "text/event-stream")
+                handler.send_header("Transfer-Encoding", "chunked")
+                handler.end_headers()
+                for k in range(STREAM_EVENTS):
+                    event = f"data: {{\"token\": {k}}}\n\n".encode()
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    handler.wfile.flush()
+                    time.sleep(STREAM_EVERY_S)
+                handler.wfile.write(b"0\r\n\r\n")
+                handler.wfile.flush()
 
             def log_message(handler, *args) -> None:  # noqa: N805
                 pass
 
+        Handler.protocol_version = "HTTP/1.1"
         super().__init__(("127.0.0.1", self.port), Handler)
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
@@ -114,3 +132,28 @@ def test_the_configuration_routes_by_the_header_it_is_given() -> None:
     assert "observe layer4 error-limit 1 on-error mark-down" in cfg  # a refused connection marks it down
     with pytest.raises(BalancerError, match="unknown routing policy 'random'"):
         haproxy_config({"a": 1}, {"random": 2})
+
+
+def _arrivals(url: str) -> list[tuple[float, int]]:
+    """(seconds since sent, events in the read) of each read of a streamed answer."""
+    out = []
+    t0 = time.monotonic()
+    with httpx.stream("POST", f"{url}/stream", headers={USER_HEADER: "user-a"}, timeout=5) as r:
+        assert r.status_code == 200
+        for data in r.iter_raw():
+            out.append((time.monotonic() - t0, data.count(b"data: ")))
+    assert sum(n for _, n in out) == STREAM_EVENTS
+    return out
+
+
+def test_a_token_stream_reaches_the_client_event_by_event_through_the_balancer(fleet) -> None:
+    """Each chunk is sent on as it arrives: without `option http-no-delay` HAProxy sends with MSG_MORE and
+    the kernel holds small segments up to 200 ms (events every 40 ms arrived five at a time), so the
+    client's clock would lie about every token it times."""
+    balancer, _ = fleet
+    for policy, url in balancer.endpoints.items():
+        reads = _arrivals(url)
+        clumped = [f"{t * 1e3:.0f} ms: {n} events" for t, n in reads if n > 1]
+        assert not clumped, (policy, clumped)
+        gaps = [b[0] - a[0] for a, b in zip(reads, reads[1:])]
+        assert max(gaps) < 3 * STREAM_EVERY_S, (policy, gaps)  # about 40 ms each; a held segment: 200 ms

@@ -331,10 +331,14 @@ def test_a_fleet_scenario_plans_one_phase_per_policy_on_the_fleet_of_its_engines
     (spec,) = prof.scenarios
     plans = plan_scenario(spec)
     assert [(p.phase, p.engine) for p in plans] == [("round-robin", "fleet2-sync"), ("user-hash", "fleet2-sync"),
-                                                    ("failover", "fleet2-sync")]
+                                                    ("failover", "fleet2-sync"),
+                                                    # its baseline: the same requests on a limiter-off fleet
+                                                    ("round-robin-baseline", "fleet2-off-sync"),
+                                                    ("user-hash-baseline", "fleet2-off-sync")]
     from ratebench.scenarios import fleet_members
 
     assert fleet_members("fleet2-sync") == ["patched-sync.e0", "patched-sync.e1"]
+    assert fleet_members("fleet2-off-sync") == ["feature-off-sync.e0", "feature-off-sync.e1"]
     assert fleet_members("fleet3-async") == ["patched-async.e0", "patched-async.e1", "patched-async.e2"]
     assert fleet_members("patched-sync") is None
 
@@ -346,6 +350,9 @@ def test_a_fleet_scenario_plans_one_phase_per_policy_on_the_fleet_of_its_engines
     ({"policies": ["round-robin", "random"]}, "policies", "distinct routing policies from ['round-robin', 'user-hash']"),
     ({"policies": []}, "policies", "a non-empty list"),
     ({"user_header": "X User"}, "user_header", "an HTTP header name"),
+    ({"light_users": ["user-a"]}, "light_users", "users not in `users`"),
+    ({"light_max_tokens": 13}, "light_users", "within one burst of the user's limit (0.1 s x 1000 tok/s + 1 = 101"),
+    ({"light_users": [], "baseline": True}, "baseline", "light_users to judge against it"),
 ])
 def test_fleet_mistakes_are_refused_naming_the_key(change: dict, key: str, expected: str) -> None:
     data = _cpu_fleet()
@@ -357,11 +364,13 @@ def test_the_gpu_fleet_puts_each_engine_on_its_own_gpu() -> None:
     from ratebench.plan import plan_run
 
     plan = plan_run(load_profile("rtx4090-qwen3-8b-fleet"))
+    # (the limiter-off baseline fleet after it, on the same GPUs: max_engines = 2 stops the first fleet before)
     assert [(e.spec.name, e.env["CUDA_VISIBLE_DEVICES"]) for e in plan.engines] == [
-        ("patched-sync.e0", "0"), ("patched-sync.e1", "1")]
+        ("patched-sync.e0", "0"), ("patched-sync.e1", "1"), ("feature-off-sync.e0", "0"), ("feature-off-sync.e1", "1")]
+    assert plan.engine_starts == [["fleet2-sync"], ["fleet2-off-sync"]]
     prof = load_profile("rtx4090-qwen3-8b-fleet")
     prof.engine.env["CUDA_VISIBLE_DEVICES"] = "2,3"
-    assert [e.env["CUDA_VISIBLE_DEVICES"] for e in plan_run(prof).engines] == ["2", "3"]
+    assert [e.env["CUDA_VISIBLE_DEVICES"] for e in plan_run(prof).engines] == ["2", "3", "2", "3"]
     prof.engine.env["CUDA_VISIBLE_DEVICES"] = "2"
     with pytest.raises(ProfileError, match="at least as many GPUs as the fleet's engines"):
         plan_run(prof)

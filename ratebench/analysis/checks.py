@@ -8,7 +8,7 @@ from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.fleet import cut_by_failover, fleet_phases
-from ratebench.analysis.isolation import isolation_checks
+from ratebench.analysis.isolation import fleet_isolation_checks, isolation_checks
 from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
@@ -123,6 +123,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_waiting(s, th))
     checks.extend(_budget_waits(run, s, th))
     checks.extend(isolation_checks(run, s, th))
+    checks.extend(fleet_isolation_checks(run, th))
     checks.extend(_overhead(s, th))
     checks.extend(_jain(run, s, th))
     checks.extend(lateness_checks(run))

@@ -152,8 +152,9 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
         counters = run.phases[indices[0]].params.get("fleet_user_counters")
         if isinstance(counters, dict) and counters:
             fp.counters = counters
+        # (a limiter-off fleet, a baseline, counts nothing whatever its flags say)
         fp.counters_asked = any(_asks_for_counters((run.manifest.get("engines") or {}).get(m) or {})
-                                for m in members)
+                                and getattr(run.engines.get(m), "feature", False) for m in members)
         for r in mine:
             if r.engine not in members:
                 why = r.error or (f"HTTP {r.http_status}" if r.http_status else "no answer")

@@ -53,6 +53,7 @@ import numpy as np
 from ratebench.analysis.bound import check_bound
 from ratebench.analysis.gaps import gap_stats
 from ratebench.analysis.load import RunData
+from ratebench.analysis.overhead import BUSY_MACHINE_CPUS
 from ratebench.analysis.segments import diffs_within, group_by
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
@@ -227,6 +228,22 @@ def _engine_side(run: RunData, engine: str, cache: dict, sent_ok: list[int]) -> 
                      int(er.tokens[c].sum()), int(sent.min()), int(er.last[c].max()))
 
 
+def _other_cpus(p: PhaseRecord) -> float | None:
+    return None if not p.machine_cpu or "other" not in p.machine_cpu else float(p.machine_cpu["other"])
+
+
+def _busy_note(p: PhaseRecord, base: PhaseRecord) -> str:
+    """Said when either phase shared the machine with other work (``BUSY_MACHINE_CPUS`` or more CPUs not
+    of this run, ``scenarios.json`` machine_cpu): the figure may be the host's, not the limiter's. The
+    check is judged all the same."""
+    on, off = _other_cpus(p), _other_cpus(base)
+    if max(on or 0.0, off or 0.0) < BUSY_MACHINE_CPUS:
+        return ""
+    fmt = lambda x: "not measured" if x is None else f"{x:.2f} CPUs"  # noqa: E731
+    return (f"the machine was not quiet: other processes used {fmt(on)} during this phase and {fmt(off)} during "
+            "its baseline; a latency failed here may be the host's, not the limiter's (rerun on a quiet machine)")
+
+
 def _ended(r) -> bool:
     return not r.cancelled and r.error is None and r.finish_reason in ENDED
 
@@ -390,7 +407,8 @@ def _unit_checks(run: RunData, cache: dict, p: PhaseRecord, base: PhaseRecord, u
         who += f", {_count(unit.users, 'user')} ({_names(unit.users)})"
     head = (f"{who}: {lat_on.requests} requests vs {lat_off.requests} on the baseline {base.phase}@{base.engine} "
             f"({lat_on.side} side)")
-    tail = "".join(f"; {x}" for x in (unit.note, "" if unit.judged else f"information only: {unit.why}") if x)
+    tail = "".join(f"; {x}" for x in (unit.note, "" if unit.judged else f"information only: {unit.why}",
+                                      _busy_note(p, base)) if x)
     out = []
     for stem, what, attr in _MEASURES:
         factor, slack_ns = getattr(th, f"{attr}_factor"), getattr(th, f"{attr}_slack_ns")
@@ -512,3 +530,83 @@ def _clear_checks(run: RunData, p: PhaseRecord, base: PhaseRecord, binding: Bind
                              "<=", "ms", (x <= allowed) if enough else None, text))
     return out
 
+
+
+# ---- a fleet -------------------------------------------------------------------------------------------
+
+
+def _fleet_groups(run: RunData) -> dict[tuple[str, str, str], list[PhaseRecord]]:
+    """(scenario, phase, fleet) -> the member records of a fleet's phase (``params["fleet"]``)."""
+    out: dict[tuple[str, str, str], list[PhaseRecord]] = {}
+    for p in run.phases:
+        info = p.params.get("fleet")
+        if isinstance(info, dict) and info.get("name"):
+            out.setdefault((p.scenario, p.phase, str(info["name"])), []).append(p)
+    return out
+
+
+def _fleet_view(records: list[PhaseRecord], fleet: str) -> PhaseRecord:
+    """A fleet's phase as one record: named after the fleet, its users those of every member (no engine
+    of that name has an event file, so the unit checks judge the client's side)."""
+    users: dict = {}
+    for r in records:
+        for u, entry in r.users.items():
+            users.setdefault(u, entry)
+    first = records[0]
+    return PhaseRecord(scenario=first.scenario, kind=first.kind, phase=first.phase, engine=fleet,
+                       start_ns=min(r.start_ns for r in records), end_ns=max(r.end_ns for r in records),
+                       users=users, role=first.role, params=first.params, index=first.index,
+                       machine_cpu=first.machine_cpu)
+
+
+def fleet_isolation_checks(run: RunData, th: Thresholds) -> list[Check]:
+    """Isolation across a fleet: each policy's phase on the limiter-on fleet against ``<phase>-baseline``,
+    the same requests on a limiter-off fleet of as many engines behind a balancer of its own (the fleet
+    scenario's ``baseline``). The users whose limits did not bind on any member (no refuse event on any
+    member's file in the phase, and within their bound on the baseline fleet's client chunks, merged over
+    its members) are pooled, as a mix tier's are, and judged as one unit on the client's side by the
+    isolation checks' thresholds; the checks name the fleet. Whose limit bound is told as in a mix, from
+    every member's record."""
+    groups = _fleet_groups(run)
+    out: list[Check] = []
+    for (scenario, phase, fleet), members in groups.items():
+        if members[0].role != "measure" or not all(run.engines.get(m.engine) is not None
+                                                   and run.engines[m.engine].feature for m in members):
+            continue
+        base_key = next((k for k in groups if k[0] == scenario and k[1] == f"{phase}-baseline"
+                         and groups[k][0].role == "baseline"), None)
+        if base_key is None:
+            continue
+        p, base = _fleet_view(members, fleet), _fleet_view(groups[base_key], base_key[2])
+        on_of: dict[str, list[int]] = {}
+        off_of: dict[str, list[int]] = {}
+        for i, r in enumerate(run.records):
+            if r.scenario == scenario and r.fleet == fleet and r.phase == phase:
+                on_of.setdefault(r.user, []).append(i)
+            elif r.scenario == scenario and r.fleet == base_key[2] and r.phase == base_key[1]:
+                off_of.setdefault(r.user, []).append(i)
+        # whose limit bound: refused on any member, or past its bound on the baseline fleet
+        bindings = [phase_binding(run, m) for m in members]
+        binding = Binding(all(b.known for b in bindings), {},
+                          "; ".join(dict.fromkeys(b.why for b in bindings if not b.known))
+                          or "bound: refused a charge (a refuse event) on any of the fleet's engines in the phase")
+        for b in bindings:
+            for u, n in b.refused.items():
+                binding.refused[u] = binding.refused.get(u, 0) + n
+        if binding.known:
+            binding.over_limit = _over_limit(run, base, p, {(base.index, u): idx for u, idx in off_of.items()})
+        users = [u for u in p.users if on_of.get(u) and off_of.get(u)]
+        if binding.known:
+            unbound = [u for u in users if not binding.bound(u)]
+            units = [Unit("unbound users", unbound, True,
+                          note=f"{len(unbound)} unbound of {len(users)} users across the fleet's {len(members)} "
+                               "engines (no refuse event on any of them, and within its limit on the baseline "
+                               "fleet), pooled")] if unbound else []
+        else:
+            units = [Unit("unbound users", users, False, why=binding.why)] if users else []
+        out.append(_binding_check(p, binding, units))
+        for unit in units:
+            on = [i for u in unit.users for i in on_of.get(u, [])]
+            off = [i for u in unit.users for i in off_of.get(u, [])]
+            out.extend(_unit_checks(run, {}, p, base, unit, on, off, th))
+    return out
