@@ -261,9 +261,11 @@ class RunningEngine:
     """A started engine; stop() is idempotent and leaves no process behind."""
 
     def __init__(self, spec: EngineSpec, process: subprocess.Popen, port: int, folder: Path,
-                 events_path: Path | None, log_file, overlay_dir: Path | None = None) -> None:
+                 events_path: Path | None, log_file, overlay_dir: Path | None = None,
+                 ipc_dir: Path | None = None) -> None:
         self.spec = spec
         self.overlay_dir = overlay_dir
+        self.ipc_dir = ipc_dir  # where its processes' ZMQ sockets live (VLLM_RPC_BASE_PATH), removed at stop
         self.process = process
         self.pgid = process.pid  # process_group=0: the leader's pid is the group id
         self.port = port
@@ -291,6 +293,12 @@ class RunningEngine:
         except subprocess.TimeoutExpired:
             pass
         _LIVE.pop(self.pgid, None)
+        self._remove_scratch()
+
+    def _remove_scratch(self) -> None:
+        for folder in (self.overlay_dir, self.ipc_dir):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
 
     def stop(self, grace_s: float = 20.0) -> list[int]:
         """SIGINT the group, SIGTERM at half the grace, SIGKILL after it.
@@ -325,8 +333,7 @@ class RunningEngine:
         finally:
             self.stopped = True
             _LIVE.pop(self.pgid, None)
-            if self.overlay_dir is not None:
-                shutil.rmtree(self.overlay_dir, ignore_errors=True)
+            self._remove_scratch()
             try:
                 self._log_file.close()
             except OSError:
@@ -402,6 +409,12 @@ def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
     env.pop(EVENTS_ENV_VAR, None)
     env.update(engine_env(spec, events_path=events_path.resolve() if events_path else None, overlay_dir=overlay_dir,
                           cpu_async_dir=cpu_async_dir))
+    ipc_dir = None
+    if "VLLM_RPC_BASE_PATH" not in env:
+        # vLLM binds its processes' ZMQ sockets in the temp folder and leaves them there when stopped by a
+        # signal (thousands of socket files after a test suite): a folder of the engine's own, removed at stop
+        ipc_dir = Path(tempfile.mkdtemp(prefix="ratebench-ipc-"))
+        env["VLLM_RPC_BASE_PATH"] = str(ipc_dir)
     log_file = open(folder / "engine.log", "ab")
     log_file.write(f"# ratebench: {' '.join(spec.argv(port))}\n".encode())
     log_file.flush()
@@ -412,10 +425,11 @@ def launch_engine(spec: EngineSpec, folder: Path) -> RunningEngine:
         )
     except OSError:
         log_file.close()
-        if overlay_dir is not None:
-            shutil.rmtree(overlay_dir, ignore_errors=True)
+        for scratch in (overlay_dir, ipc_dir):
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return RunningEngine(spec, process, port, folder, events_path, log_file, overlay_dir)
+    return RunningEngine(spec, process, port, folder, events_path, log_file, overlay_dir, ipc_dir)
 
 
 def start_engine(spec: EngineSpec, folder: Path, *, timeout_s: float, console: Console | None = None,

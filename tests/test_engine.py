@@ -135,6 +135,8 @@ def test_engine_serves_records_events_and_stops_clean(
     engine = start_engine(spec, tmp_path / "engine", timeout_s=300, console=Console(stderr=True), grace_s=15)
     try:
         assert engine.events_path is not None
+        # its processes' ZMQ sockets in a folder of its own (vLLM leaves them in the temp folder otherwise)
+        assert engine.ipc_dir is not None and any(p.is_socket() for p in engine.ipc_dir.iterdir())
         warmed = warm_up(engine, WarmUpPlan(streams=4, long_prompt_tokens=300))
         assert warmed.requests == 2 + 4 + 1 and not warmed.timed_out
         r = httpx.post(f"{engine.endpoint}/v1/completions", timeout=60,
@@ -147,6 +149,7 @@ def test_engine_serves_records_events_and_stops_clean(
         killed = engine.stop(grace_s=15)
     assert group_members(engine.pgid) == []
     assert killed == [], "the engine shut down on SIGINT within the grace period"
+    assert not engine.ipc_dir.exists(), "its socket folder removed with it"
     assert "Application startup complete" in (tmp_path / "engine" / "engine.log").read_text()
     _check_attached_run(attached)
     events = read_engine_events(engine.events_path)
