@@ -394,6 +394,9 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "rounds": ("pos_int", 2),
         # the engines the limiter-on engine is compared with (each one more engine to start)
         "against": ("overhead_against", ["feature-off", "stock", "no-events"]),
+        # the most the limiter may cost: 1 - the median per-round throughput ratio against each engine of
+        # `against` (verify-bound's --max-overhead wins when given); unset: reported, not judged
+        "max_overhead": ("fraction", None),
     },
     # Replay a JSONL trace (docs/trace.md): each request at its arrival offset, with its user, prompt,
     # max_tokens, cancel, EOS, shared prefix and API. Every trace user is a row of the verdict.

@@ -123,3 +123,31 @@ def test_a_phase_beside_busy_processes_is_warned_with_its_round(tmp_path) -> Non
     assert o.round_other_cpu["sync-2"]["stock"] == 0.9 and o.round_other_cpu["sync-1"]["stock"] == 0.1
     (warning,) = [w for w in verdict.warnings if "outside the run" in w]
     assert "1 of 8 phases" in warning and "stock sync-2 0.90" in warning and "round(s) sync-2" in warning
+
+
+def test_the_profiles_max_overhead_judges_a_limiter_that_slows_every_step(tmp_path) -> None:
+    """The overhead scenario's own threshold (`max_overhead`, cpu-tiny's 0.35) makes the check a verdict:
+    a limiter whose steps take twice as long (every feature-on round at half the speed) fails it, the
+    same run at the same speed passes, and --max-overhead given on the command line wins."""
+    def run(folder, slow: bool):
+        ids = (f"rb-5e1f0002-{n}" for n in itertools.count())
+        patched = SimEngine("patched-sync", default_tps=100, user_tps={"bulk": 100000})
+        roles = overhead_engines(patched)
+        step = {("feature-on", r): 10_000_000 for r in (1, 2, 3)} if slow else {}
+        phases = overhead_phases(roles, lambda: next(ids), rounds=3, max_tokens=150, step_ns=step)
+        for ph in phases:
+            ph.params["max_overhead"] = 0.35
+        return write_run_folder(tmp_path / folder, list(roles.values()), phases)
+
+    def check(folder, th=None):
+        (c,) = [c for c in analyse_run(folder, th or Thresholds()).verdict.checks
+                if c.name == "overhead" and c.phase == "feature-on/feature-off"]
+        return c
+
+    slow = check(run("slow", True))
+    assert slow.passed is False and slow.threshold == 0.35 and slow.figure > 0.4, slow.explanation
+    assert "at most 0.35 (the profile's max_overhead)" in slow.explanation
+    fine = check(run("fine", False))
+    assert fine.passed and fine.figure < 0.05, fine.explanation
+    wins = check(tmp_path / "slow", Thresholds(max_overhead=0.6))
+    assert wins.passed and wins.threshold == 0.6 and "(--max-overhead)" in wins.explanation

@@ -124,7 +124,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_budget_waits(run, s, th))
     checks.extend(isolation_checks(run, s, th))
     checks.extend(fleet_isolation_checks(run, th))
-    checks.extend(_overhead(s, th))
+    checks.extend(_overhead(run, s, th))
     checks.extend(_jain(run, s, th))
     checks.extend(lateness_checks(run))
     checks.extend(_pressure(run, th))
@@ -486,10 +486,20 @@ def _charge_parity(row: UserPhaseSummary, ids) -> Check:
     return Check("charge-parity", *ids, row.charge_over_allowance, 0, "<=", "tokens", ok, text)
 
 
-def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
-    """feature-on against each other role: 1 - the median of the per-round throughput ratios."""
+def _profile_max_overhead(run: RunData, scenario: str) -> float | None:
+    """The overhead scenario's own threshold (its ``max_overhead`` parameter), if its profile gives one."""
+    for p in run.phases:
+        if p.scenario == scenario and p.params.get("max_overhead") is not None:
+            return float(p.params["max_overhead"])
+    return None
+
+
+def _overhead(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    """feature-on against each other role: 1 - the median of the per-round throughput ratios, judged
+    against ``--max-overhead`` or else the scenario's ``max_overhead`` (the profile's), if either is given."""
     out = []
     for o in s.overheads:
+        profile_limit = _profile_max_overhead(run, o.scenario)
         for pair, pooled in o.ratios.items():
             if not pair.startswith(f"{ROLE_ON}/"):
                 continue
@@ -499,6 +509,9 @@ def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
             overhead = 1 - ratio
             name, limit = ("event-recording", th.max_event_overhead) if pair == EVENTS_PAIR else \
                 ("overhead", th.max_overhead)
+            source = "--max-overhead" if name == "overhead" else "--max-event-overhead"
+            if name == "overhead" and limit is None and profile_limit is not None:
+                limit, source = profile_limit, "the profile's max_overhead"
             passed = None if limit is None else overhead <= limit
             if paired is not None:
                 text = (f"median of {paired.rounds} per-round throughput ratios {a}/{b} {paired.median:.3f} "
@@ -509,6 +522,7 @@ def _overhead(s: RunSummary, th: Thresholds) -> list[Check]:
             if a in o.step_p50_ns and b in o.step_p50_ns:
                 text += (f"; engine step p50 {o.step_p50_ns[a] / 1e6:.3f} ms vs "
                          f"{o.step_p50_ns[b] / 1e6:.3f} ms")
+            text += f"; at most {limit:g} ({source})" if limit is not None else "; report only (no threshold given)"
             out.append(Check(name, o.scenario, pair, "*", None, round(overhead, 4), limit, "<=", "fraction", passed,
                              text))
     return out
