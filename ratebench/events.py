@@ -1,11 +1,11 @@
 """The run folder's data files: engine event files (written by the patched vLLM), client
 request records (requests.jsonl) and scenario phases (scenarios.json, :class:`PhaseRecord`).
 
-Engine event file format ("RBEV", version 2; version 1 is read too), written by
+Engine event file format ("RBEV", version 3; versions 1 and 2 are read too), written by
 ``vllm/v1/core/sched/output_rate_events.py`` in the patched engine when the
 environment variable ``VLLM_OUTPUT_RATE_EVENTS_FILE`` names a file:
 
-* File header: the 8 bytes ``b"RBEVFILE"``, a little-endian ``u32`` version (2),
+* File header: the 8 bytes ``b"RBEVFILE"``, a little-endian ``u32`` version (3),
   a ``u32`` length L, then L bytes of UTF-8 JSON with the writer's metadata
   (``pid``, ``vllm_version``, ``started_monotonic_ns``, ``started_unix_s``,
   ``default_tps``, ``user_tps`` (object), ``burst_ns``, ``async_scheduling``,
@@ -21,16 +21,18 @@ environment variable ``VLLM_OUTPUT_RATE_EVENTS_FILE`` names a file:
     use), then R records of 24 bytes each, numpy dtype :data:`RECORD_DTYPE`::
 
       t_ns   int64   time.monotonic_ns() when the event happened
-      kind   uint8   1 dispatch, 2 emit, 3 finish, 4 refuse (version 2)
+      kind   uint8   1 dispatch, 2 emit, 3 finish, 4 refuse (version 2), 5 arrive (version 3)
       reason uint8   finish only: see FINISH_REASONS; else 0
       flags  uint16  reserved, 0
       req    uint32  string-table index of the engine request id
       user   uint32  string-table index of the rate-limit user
       count  uint32  dispatch: 1; emit: new output tokens; finish: total output tokens;
-                     refuse: 1
+                     refuse: 1; arrive: prompt tokens
 
     A refuse record is a charge refused because the user was out of budget; its
-    ``t_ns`` is the step's clock.
+    ``t_ns`` is the step's clock. An arrive record is a request entering the scheduler
+    (``add_request``), on the limiter's clock: from then on it waits until its first
+    dispatch (the work-conservation witness, ``analysis/waiting_witness.py``).
 
   - step blocks (version 2): ``b"RBEVSTP1"``, ``u32`` 0 (reserved), ``u32`` R, then R
     records of 44 bytes each, one per scheduler step, numpy dtype :data:`STEP_DTYPE`::
@@ -74,15 +76,22 @@ import orjson
 FILE_MAGIC = b"RBEVFILE"
 BLOCK_MAGIC = b"RBEVBLK1"
 STEP_BLOCK_MAGIC = b"RBEVSTP1"
-FORMAT_VERSION = 2  # what EventFileWriter writes
-READ_VERSIONS = (1, 2)  # what read_engine_events reads (version 1: no step blocks, no refuse records)
+FORMAT_VERSION = 3  # what EventFileWriter writes
+# what read_engine_events reads (version 1: no step blocks, no refuse records; version 2: no arrive records)
+READ_VERSIONS = (1, 2, 3)
 ENV_VAR = "VLLM_OUTPUT_RATE_EVENTS_FILE"
+
+# The user of a request that names none (no vllm_xargs output_rate_user): one budget for all of them,
+# as the patch names it in its event file.
+ANONYMOUS_USER = "__anonymous__"
 
 KIND_DISPATCH = 1
 KIND_EMIT = 2
 KIND_FINISH = 3
 KIND_REFUSE = 4
-KIND_NAMES = {KIND_DISPATCH: "dispatch", KIND_EMIT: "emit", KIND_FINISH: "finish", KIND_REFUSE: "refuse"}
+KIND_ARRIVE = 5
+KIND_NAMES = {KIND_DISPATCH: "dispatch", KIND_EMIT: "emit", KIND_FINISH: "finish", KIND_REFUSE: "refuse",
+              KIND_ARRIVE: "arrive"}
 
 # Finish reasons, as the patched engine encodes vLLM's RequestStatus.
 FINISH_REASONS = {0: "unknown", 1: "stop", 2: "length", 3: "abort", 4: "ignored", 5: "error"}

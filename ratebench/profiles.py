@@ -100,9 +100,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ratebench.events import ANONYMOUS_USER  # noqa: F401 - re-exported: profiles name the anonymous user
+
 BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "cpu-tiny"
-ANONYMOUS_USER = "__anonymous__"
 SCHEDULING_MODES = ("sync", "async")
 APIS = ("completions", "chat")
 FLEET_POLICIES = ("round-robin", "user-hash")  # the fleet kind's routing policies (ratebench/balancer.py)

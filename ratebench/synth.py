@@ -27,6 +27,7 @@ import numpy as np
 from ratebench._io import atomic_write_json
 from ratebench.analysis.overhead import ROLE_NO_EVENTS, ROLE_OFF, ROLE_ON, ROLE_STOCK
 from ratebench.events import (
+    ANONYMOUS_USER,
     KIND_DISPATCH,
     KIND_EMIT,
     KIND_FINISH,
@@ -39,7 +40,6 @@ from ratebench.events import (
 
 NS = 1_000_000_000
 BURST_NS = 100_000_000
-ANONYMOUS = "__anonymous__"
 FINISH_CODE = {"stop": 1, "length": 2, "abort": 3}
 
 
@@ -175,7 +175,7 @@ def simulate_phase(engine: SimEngine, phase: SimPhase, rng: np.random.Generator,
     start = engine.clock_ns + 50_000_000
     reqs = []
     for r in phase.requests:
-        user = r.user if r.user is not None else ANONYMOUS
+        user = r.user if r.user is not None else ANONYMOUS_USER
         rid = f"cmpl-{r.client_id}-0-{rng.integers(0, 2**32):08x}"
         reqs.append({
             "sim": r, "user": user, "rid": rid, "arrive": start + r.arrive_offset_ns, "done": 0,

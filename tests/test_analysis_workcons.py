@@ -98,7 +98,7 @@ def test_version_2_with_interleaved_blocks_reads_back_identically(tmp_path):
     recs = events(30)
     recs[5]["kind"] = KIND_REFUSE
     steps = steps_of([OK, SLOT, PLACE, KV_SHORT] * 5, 10**12)
-    with EventFileWriter(path, META) as w:
+    with EventFileWriter(path, META, version=2) as w:
         w.intern("req-0"), w.intern("user-a")
         w.write_steps(steps[:3])
         w.write_block(recs[:10])
@@ -127,7 +127,7 @@ def test_a_step_record_is_44_little_endian_bytes_in_its_documented_order(tmp_pat
     assert ev.steps.tolist() == [(123456789, 1, 2, 3, 4, 5, 6, 7, 8, 9)]
     assert list(STEP_DTYPE.names) == ["t_ns", "reqs", "tokens", "resident", "throttled", "waiting", "waiting_ready",
                                       "yielded", "kv_free", "ready_blocks"]
-    with EventFileWriter(tmp_path / "w.rbev", {"pid": 7}) as w:
+    with EventFileWriter(tmp_path / "w.rbev", {"pid": 7}, version=2) as w:
         w.write_steps(ev.steps)
     assert (tmp_path / "w.rbev").read_bytes() == path.read_bytes()
 

@@ -158,6 +158,15 @@ def test_engine_serves_records_events_and_stops_clean(
     finishes = events.of_kind(3)
     finishes = finishes[finishes["req"] == first]
     assert len(finishes) == 1 and int(finishes["count"][0]) == 5
+    # its arrival (version 3): once, before its first dispatch, with its prompt's tokens
+    arrivals = events.of_kind(5)
+    mine = arrivals[arrivals["req"] == first]
+    dispatches = events.of_kind(1)
+    assert events.version == 3 and len(mine) == 1 and int(mine["count"][0]) >= 1
+    assert int(mine["t_ns"][0]) <= int(dispatches[dispatches["req"] == first]["t_ns"].min())
+    # every request the engine finished (the warm-up's and this one) arrived once
+    finished = set(events.of_kind(3)["req"].tolist())
+    assert len(np.unique(arrivals["req"])) == len(arrivals) and finished <= set(arrivals["req"].tolist())
     assert ENV_VAR not in os.environ
     _check_warm_up_wave(events, "patched-sync", streams=4, max_tokens=WarmUpPlan(0, None).max_tokens)
 

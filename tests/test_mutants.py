@@ -488,8 +488,10 @@ def test_a_limiter_at_half_the_rate_fails_delivery_not_the_bound(judged, async_s
     _, verdict = judged("seed_experiment", HalfRate, async_scheduling=async_scheduling)
     expected = {("delivery", phase, user) for phase in ("1-stream", "4-streams") for user in ("user-a", "user-b")}
     # half the tokens in every window too: even spacing (the lower side of the bound) says it as well
+    # and the user it holds back has budget by the promise's own GCRA: the verifier's replay of the charges
+    # finds its queued requests waiting beside idle places (work-conservation's witness, arrive records)
     assert_rejected_by(verdict, expected | {("even-spacing-dispatch", "4-streams", "user-b")},
-                       only={"delivery", "refusal-witness"} | SPACING)
+                       only={"delivery", "refusal-witness", "work-conservation"} | SPACING)
     assert all(0.45 <= check(verdict, *key).figure <= 0.55 for key in expected)
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
 
@@ -544,7 +546,8 @@ def test_a_limiter_refusing_below_the_configured_rate_fails_refusal_witness(judg
 def test_charging_prompt_tokens_fails_prompt_free(judged, async_scheduling):
     _, verdict = judged("long_prompt_closed_loop", ChargesPromptTokens, async_scheduling=async_scheduling)
     assert ("prompt-free", "long-prompt", "user-a") in failures(verdict), verdict.summary()
-    assert {name for name, _, _ in failures(verdict)} <= {"prompt-free", "delivery", "refusal-witness"} | SPACING, \
+    assert {name for name, _, _ in failures(verdict)} <= {"prompt-free", "delivery", "refusal-witness",
+                                                         "work-conservation"} | SPACING, \
         verdict.summary()
     # 640 prompt tokens at 100 tok/s: 6.4 s before each first token, where a quarter of that is allowed
     assert check(verdict, "prompt-free", "long-prompt", "user-a").figure >= 6.0
@@ -759,10 +762,21 @@ def test_a_penalty_that_outlives_the_budget_is_rejected(judged, async_scheduling
     checks skip it. In the harness its baseline runs on the same (broken) scheduler, so the clear
     requests' first tokens (isolation-ttft-clear, which the synthetic isolation tests show alone) are
     late on both sides; what rejects it here is the turns of the throttled users' streams (a free
-    stream waits 2.2 s for its first token, 1.1 s allowed) and of the bound users' own streams."""
+    stream waits 2.2 s for its first token, 1.1 s allowed) and of the bound users' own streams, and
+    work-conservation's own witness: the engine's step record counts the penalised user blocked, the
+    verifier's replay of its charges finds it with budget while its queued requests wait."""
     _, verdict = judged("crowd_mix", PenaltyAfterRefusal, async_scheduling=async_scheduling)
     names = {name for name, _, _ in failures(verdict)}
     assert names & {"stream-wait", "stream-fairness"}, verdict.summary()
-    assert names <= {"stream-wait", "stream-fairness", "isolation-ttft-clear", "isolation-ttft-clear-p90"}, \
-        verdict.summary()
+    # work-conservation's witness: by the replay of its charges the penalised user has budget while its
+    # requests queue beside idle places (the engine's record counts it blocked)
+    assert "work-conservation" in names, verdict.summary()
+    assert names <= {"stream-wait", "stream-fairness", "isolation-ttft-clear", "isolation-ttft-clear-p90",
+                     "work-conservation"}, verdict.summary()
+    (wc,) = [c for c in verdict.failures if c.name == "work-conservation" and c.phase == "mix"]
+    # nearly every violating step is the witness's (the record's own count finds one: it counts the user blocked)
+    assert "the verifier's replay of each user's charges (arrive records) found" in wc.explanation
+    found = int(wc.explanation.split("(arrive records) found ")[1].split(" ")[0])
+    violating = int(wc.explanation.split(" of ")[0])
+    assert found > 100 and violating - found <= 2 and wc.figure > 10, wc.explanation
     assert_correct_passes(judged, "crowd_mix", async_scheduling)

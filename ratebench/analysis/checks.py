@@ -647,6 +647,14 @@ def _work_conservation(run: RunData, th: Thresholds) -> list[Check]:
             text += (f"; longest run {wc.longest_run_steps} step(s), {wc.longest_run_ns / 1e6:.1f} ms, from "
                      f"{wc.longest_run_start_ns / 1e9:.3f} s into the phase; {wc.long_runs} of {wc.runs} runs "
                      f"longer than one step")
+        if wc.witness is None and wc.limiter_on:
+            text += ("; readiness as the engine's record counts it (its event file has no arrive records: the "
+                     "verifier's own replay of the charges could not be made)")
+        elif wc.witness is not None:
+            text += (f"; the verifier's replay of each user's charges (arrive records) found {wc.witness} more step(s) "
+                     "in which the record counted nobody ready while a never-started request of a user with budget "
+                     "waited and a throttled resident held a slot"
+                     + (f" (first: {wc.witness_first})" if wc.witness_first else ""))
         text += f"; allowed: runs of at most {limit} step(s) (the step in which a budget flips)"
         if not wc.limiter_on:
             text = "limiter off (the reference, not judged): " + text

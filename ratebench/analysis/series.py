@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratebench.analysis.load import RunData
+from ratebench.events import ANONYMOUS_USER
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
 
-ANONYMOUS = "__anonymous__"
 
 
 @dataclass
@@ -60,7 +60,7 @@ def phase_series(run: RunData, phase_index: int, users: list[str]) -> dict[str, 
     chunks: dict[str, tuple[list, list, list]] = {u: ([], [], []) for u in users}
     for r in run.records:
         if (r.scenario, r.phase, r.engine) == p.key:
-            u = r.user if r.user is not None else ANONYMOUS
+            u = r.user if r.user is not None else ANONYMOUS_USER
             if u in chunks:
                 chunks[u][0].append(np.asarray(r.chunk_ns, dtype=np.int64))
                 chunks[u][1].append(np.asarray(r.chunk_tokens, dtype=np.int64))

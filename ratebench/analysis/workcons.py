@@ -27,6 +27,19 @@ the clock of the engine's next step, or to its own last step's when none followe
 come from the event file's header. An engine with the limiter off (``waiting_ready`` = all
 waiting, nothing throttled) gets the same figures, as the reference.
 
+**The verifier's own witness** (event file version 3, whose ``arrive`` records say when each request
+entered the scheduler). ``waiting_ready`` is the patch's account of whose user had budget; a limiter
+whose readiness test is wrong (a user kept blocked past its budget, every user blocked when one is
+refused) would count its own mistake as "nobody ready" and pass. So the verifier also replays each
+user's GCRA from its dispatch events (the charges kept: TAT = max(TAT, t) + 1/N per charge, the
+engine header's burst as the tolerance) and, at each step, looks at the requests that arrived and
+were not yet dispatched for the first time nor finished (never-started requests: preempted ones
+are not seen), whose user the replay finds with budget by a margin of one token period and 1 ms
+(TAT <= t + burst - 1/N - 1 ms: it could take a whole token more). A step in which the record
+counted nobody ready, a throttled resident held a slot (``throttled > 0``), a place and token
+budget were left, and the replay finds such a request, violates too (**witness**), named with its
+first such request. The same runs and threshold apply to all violating steps.
+
 Figures only; :mod:`ratebench.analysis.checks` applies the threshold.
 """
 
@@ -37,7 +50,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratebench.analysis.load import RunData
-from ratebench.analysis.segments import time_order
+from ratebench.analysis.segments import group_by, time_order
+from ratebench.events import KIND_ARRIVE, KIND_DISPATCH, KIND_FINISH
+
+WITNESS_MARGIN_NS = 1_000_000  # beyond one token period: the replay's clock against the step's
 
 NOT_RECORDED = "no step records (engine event file version 1 or recorder without steps)"
 
@@ -107,20 +123,29 @@ class WorkConservation:
     longest_run_ns: int = 0
     longest_run_start_ns: int | None = None  # from the phase's start
     limits: StepLimits | None = None
+    # the verifier's own witness (arrive records): None when the file has none
+    witness: int | None = None  # steps violating only by the witness (the record counted nobody ready)
+    witness_first: str | None = None  # the first such step: its request, user and time into the phase
 
     @property
     def violating_pct(self) -> float:
         return 100.0 * self.violating / self.steps if self.steps else 0.0
 
 
-def phase_figures(steps: np.ndarray, lim: StepLimits, start_ns: int, next_t_ns: int | None = None) -> dict:
+def phase_figures(steps: np.ndarray, lim: StepLimits, start_ns: int, next_t_ns: int | None = None,
+                  witness: np.ndarray | None = None) -> dict:
     """The figures of :class:`WorkConservation` for the time-sorted ``steps`` of one phase (which
-    starts at ``start_ns``); ``next_t_ns``: the clock of the engine's step after them, if any."""
+    starts at ``start_ns``); ``next_t_ns``: the clock of the engine's step after them, if any;
+    ``witness``: per step, whether it violates by the verifier's own witness alone."""
     slot, place = violations(steps, lim)
     bad = slot | place
+    if witness is not None:
+        bad = bad | witness
     starts, lengths = runs_of(bad)
     out = dict(steps=len(steps), violating=int(bad.sum()), slot=int(slot.sum()), place=int(place.sum()),
                runs=len(starts), long_runs=int((lengths >= 2).sum()))
+    if witness is not None:
+        out["witness"] = int((witness & ~(slot | place)).sum())
     if len(starts):
         t = steps["t_ns"].astype(np.int64)
         ends = starts + lengths  # the step after each run
@@ -134,9 +159,85 @@ def phase_figures(steps: np.ndarray, lim: StepLimits, start_ns: int, next_t_ns: 
     return out
 
 
+class ReadinessWitness:
+    """The verifier's own account of who waited with budget on one engine (module docstring)."""
+
+    def __init__(self, trace, limit_of, burst_ns: int) -> None:
+        recs = trace.records
+        strings = trace.events.strings
+        n = len(strings)
+        self.has_arrivals = bool(len(recs) and (recs["kind"] == KIND_ARRIVE).any())
+        if not self.has_arrivals:
+            return
+        big = np.iinfo(np.int64).max
+
+        def first_of(kind: int) -> np.ndarray:
+            out = np.full(n, big, dtype=np.int64)
+            m = recs["kind"] == kind
+            np.minimum.at(out, recs["req"][m].astype(np.int64), recs["t_ns"][m].astype(np.int64))
+            return out
+
+        arrive, start, finish = first_of(KIND_ARRIVE), first_of(KIND_DISPATCH), first_of(KIND_FINISH)
+        req_user = np.full(n, -1, dtype=np.int64)
+        req_user[recs["req"].astype(np.int64)] = recs["user"].astype(np.int64)
+        ok = arrive < big
+        codes = np.flatnonzero(ok)
+        self.arrive, self.until = arrive[codes], np.minimum(start, finish)[codes]
+        self.req, self.user = codes, req_user[codes]
+        self.strings = strings
+        self.burst_ns = burst_ns
+        # per user: its charges' times and the TAT after each (GCRA replay)
+        self.tat: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+        d = recs["kind"] == KIND_DISPATCH
+        t, u = recs["t_ns"][d].astype(np.int64), recs["user"][d].astype(np.int64)
+        if len(t):
+            g = group_by(u)
+            t_g = t[g.order]
+            for k, a, b in zip(g.keys.tolist(), g.starts.tolist(), g.ends.tolist()):
+                limit = limit_of(strings[k])
+                if not limit:
+                    continue
+                period = -(-1_000_000_000 // int(limit))
+                times = np.sort(t_g[a:b])
+                # TAT_k = max(TAT_k-1, t_k) + p = (k + 1) p + max over i <= k of (t_i - i p): one pass
+                steps_p = np.arange(len(times), dtype=np.int64) * period
+                tat = np.maximum.accumulate(times - steps_p) + steps_p + period
+                self.tat[k] = (times, tat, period)
+        self.limit_of = limit_of
+
+    def ready_waiting(self, t: np.ndarray, candidates: np.ndarray) -> tuple[np.ndarray, list[str]]:
+        """Per step (clocks ``t``; only where ``candidates``): whether a never-started request of a user
+        with budget waited; and for each such step, "request (user)" of its first such request."""
+        found = np.zeros(len(t), dtype=bool)
+        who = [""] * len(t)
+        idx = np.flatnonzero(candidates)
+        if not self.has_arrivals or not len(idx):
+            return found, who
+        tc = t[idx]
+        lo = np.searchsorted(tc, self.arrive, "left")  # candidate steps at or after its arrival
+        hi = np.searchsorted(tc, self.until, "left")  # ... and before its first dispatch or finish
+        for r in np.flatnonzero(hi > lo).tolist():
+            user = int(self.user[r])
+            limit = self.limit_of(self.strings[user]) if user >= 0 else None
+            if not limit:
+                continue  # no limit: not the limiter's to hold (or a user the header does not know)
+            steps = idx[lo[r]:hi[r]]
+            times, tat, period = self.tat.get(user, (np.empty(0, np.int64), np.empty(0, np.int64),
+                                                     -(-1_000_000_000 // int(limit))))
+            k = np.searchsorted(times, t[steps], "right") - 1
+            cur = np.where(k >= 0, tat[np.maximum(k, 0)], np.iinfo(np.int64).min)
+            ready = cur <= t[steps] + self.burst_ns - period - WITNESS_MARGIN_NS
+            for j in steps[ready].tolist():
+                if not found[j]:
+                    found[j] = True
+                    who[j] = f"{self.strings[int(self.req[r])]} ({self.strings[user]})"
+        return found, who
+
+
 def work_conservation(run: RunData) -> list[WorkConservation]:
     """Per phase on each engine with an event file: its work-conservation figures (or why none)."""
     by_engine: dict[str, tuple[np.ndarray, StepLimits | str]] = {}
+    witnesses: dict[str, ReadinessWitness | None] = {}
     out = []
     for p in run.phases:
         trace = run.traces.get(p.engine)
@@ -148,6 +249,11 @@ def work_conservation(run: RunData) -> list[WorkConservation]:
             order = time_order(steps["t_ns"]) if len(steps) else None
             by_engine[p.engine] = (steps if order is None else steps[order], StepLimits.from_meta(trace.events.meta))
         steps, lim = by_engine[p.engine]
+        if p.engine not in witnesses:
+            burst = trace.events.meta.get("burst_ns")
+            witnesses[p.engine] = ReadinessWitness(trace, eng.limit_of, int(burst)) \
+                if eng.feature and burst else None
+        witness = witnesses[p.engine]
         wc = WorkConservation(p.scenario, p.phase, p.engine, limiter_on=eng.feature)
         out.append(wc)
         if len(steps) == 0:
@@ -164,7 +270,20 @@ def work_conservation(run: RunData) -> list[WorkConservation]:
                              f"lie outside it)")
             continue
         next_t = int(t[hi]) if hi < len(t) else None
-        for k, v in phase_figures(steps[lo:hi], lim, p.start_ns, next_t).items():
+        mine = steps[lo:hi]
+        extra = None
+        if witness is not None and witness.has_arrivals:
+            # steps the record did not count against the limiter: nobody ready by its account, a
+            # throttled resident holding a slot, a place and token budget left
+            cand = ((mine["waiting_ready"] == 0) & (mine["throttled"] > 0)
+                    & (mine["reqs"].astype(np.int64) < lim.max_num_active_seqs)
+                    & (mine["tokens"].astype(np.int64) < lim.max_num_batched_tokens))
+            extra, who = witness.ready_waiting(mine["t_ns"].astype(np.int64), cand)
+            first = np.flatnonzero(extra)
+            if len(first):
+                j = int(first[0])
+                wc.witness_first = f"{who[j]}, {(int(mine['t_ns'][j]) - p.start_ns) / 1e9:.3f} s into the phase"
+        for k, v in phase_figures(mine, lim, p.start_ns, next_t, extra).items():
             setattr(wc, k, v)
     return out
 

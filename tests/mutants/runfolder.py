@@ -36,6 +36,7 @@ import numpy as np
 from ratebench._io import atomic_write_json
 from ratebench.events import (
     ENV_VAR,
+    KIND_ARRIVE,
     KIND_DISPATCH,
     KIND_REFUSE,
     KIND_EMIT,
@@ -290,9 +291,10 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
 
 
 def _write_events(run_dir: Path, raw, rec: _Recorder, user_of_req: dict[str, str]) -> None:
-    """Dispatch events of the patch's recorder (fake-clock times) plus harness-timed emits and finishes."""
-    d = raw.records[np.isin(raw.records["kind"], (KIND_DISPATCH, KIND_REFUSE))]
-    rows = [(int(r["t_ns"]), int(r["kind"]), raw.strings[r["req"]], 0, 1) for r in d]
+    """Dispatch, refuse and arrive events of the patch's recorder (fake-clock times) plus harness-timed emits
+    and finishes."""
+    d = raw.records[np.isin(raw.records["kind"], (KIND_DISPATCH, KIND_REFUSE, KIND_ARRIVE))]
+    rows = [(int(r["t_ns"]), int(r["kind"]), raw.strings[r["req"]], 0, int(r["count"])) for r in d]
     rows += rec.emits
     rows.sort(key=lambda r: r[0])  # stable: a step's dispatches before its emits at equal times
     with EventFileWriter(run_dir / "engines" / ENGINE / "events.rbev", raw.meta) as w:
