@@ -38,12 +38,16 @@ STEP_NS = 5_000_000
 
 # a step that conserves work: both places used, nothing waiting
 OK = dict(reqs=2, tokens=2, resident=4, throttled=2, waiting=0, waiting_ready=0, yielded=0, kv_free=10, ready_blocks=20)
-# slot: every slot resident, two of them throttled, a place idle, a ready request waiting
-SLOT = dict(reqs=1, tokens=1, resident=4, throttled=2, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
+# slot: every slot resident, three of them throttled, a place idle, a ready request waiting
+SLOT = dict(reqs=1, tokens=1, resident=4, throttled=3, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
 # place: one place idle while a throttled resident could give way to a ready request
-PLACE = dict(reqs=1, tokens=1, resident=3, throttled=1, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
+PLACE = dict(reqs=1, tokens=1, resident=3, throttled=2, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
 # a place idle, a ready request waiting, nothing throttled and the KV cache short: not the limiter's doing
-KV_SHORT = dict(reqs=1, tokens=1, resident=3, throttled=0, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
+KV_SHORT = dict(reqs=1, tokens=1, resident=1, throttled=0, waiting=1, waiting_ready=1, yielded=0, kv_free=10, ready_blocks=20)
+# resident: a place idle while a resident of a user with budget (on the bench, not throttled) got no tokens
+LEFT_OUT = dict(reqs=1, tokens=1, resident=4, throttled=0, waiting=1, waiting_ready=1, yielded=0, kv_free=0, ready_blocks=20)
+# the same with both places used: it waits for its turn, no place idles
+TURN = dict(reqs=2, tokens=2, resident=4, throttled=0, waiting=1, waiting_ready=1, yielded=0, kv_free=0, ready_blocks=20)
 
 
 def steps_of(kinds: list[dict], t0_ns: int, step_ns: int = STEP_NS) -> np.ndarray:
@@ -328,3 +332,18 @@ def test_the_threshold_is_an_option_and_reaches_the_verdict(tmp_path):
     assert verdict["thresholds"]["work_conservation_max_run_steps"] == 2
     [check] = [c for c in verdict["checks"] if c["name"] == "work-conservation"]
     assert check["passed"] is True and check["figure"] == 2
+
+
+def test_a_place_left_idle_beside_a_resident_with_budget_counts_as_resident():
+    """The patch until this check kept a place for the head of the queue no slot could take: every slot
+    held by streams of users with budget waiting on the bench, one place idled (no limit binding). Judged
+    apart (work-conservation-places), on synchronous engines only."""
+    from dataclasses import replace
+
+    from ratebench.analysis.workcons import left_out
+
+    steps = steps_of([OK, LEFT_OUT, LEFT_OUT, LEFT_OUT, TURN, OK, LEFT_OUT], 10**12)
+    assert left_out(steps, LIMITS).tolist() == [False, True, True, True, False, False, True]
+    fig = phase_figures(steps, LIMITS, 10**12)
+    assert fig["resident"] == 4 and fig["resident_longest_run"] == 3 and fig["resident_judged"]
+    assert not left_out(steps, replace(LIMITS, async_scheduling=True)).any()

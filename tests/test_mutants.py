@@ -24,6 +24,7 @@ from mutants.broken import (
     LateReady,
     ChargeEveryPrefillChunk,
     HalfRate,
+    HeadPlaceWithoutSlot,
     NeverThrottle,
     NoRefund,
     KeptKVNeverGiven,
@@ -178,6 +179,17 @@ def active_places() -> Workload:
     ], scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=2))
 
 
+def unbound_crowd() -> Workload:
+    """No limit binds, and more streams than resident slots: six users with four 24-token streams each
+    on 8 slots and 4 active places. The limiter-off engine keeps every place busy; so must the limiter
+    (its streams take turns on the bench, and the queue's head must not be kept a place no slot can
+    take)."""
+    users = [f"fast-{i}" for i in range(6)]
+    return Workload(default_tps=100_000, user_tps={}, phases=[
+        Phase("overload", [Stream(u, 24, requests=2) for u in users for _ in range(4)], scenario="unbound"),
+    ], scheduler_kw=dict(max_num_seqs=8, max_num_active_seqs=4))
+
+
 def crowd() -> Workload:
     """More throttled users than resident slots (cpu-tiny's mix in small): ten users at 5 tok/s with
     two streams each fill all 8 slots and are parked most of the time; four users whose limits never
@@ -298,7 +310,7 @@ WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_p
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
                                      isolation_priority, active_places_priority, kv_tiny_priority, kv_growth,
                                      crowd, crowd_priority, crowd_mix, kv_kept)}
-ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute}
+ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd}
 
 
 # ---- running and judging --------------------------------------------------------------------------
@@ -754,6 +766,27 @@ def test_kv_kept_out_of_a_slot_while_a_user_with_budget_waits_for_it_is_rejected
                        only={"work-conservation", "stream-wait", "stream-fairness", "reconciliation", "delivery"}
                        | ISOLATION)
     assert_correct_passes(judged, "kv_kept", async_scheduling)
+
+
+def _resident_steps(verdict) -> tuple[int, int]:
+    """(longest run, steps) of the one work-conservation-places check of a verdict."""
+    (wc,) = [c for c in verdict.checks if c.name == "work-conservation-places"]
+    return wc.figure, int(wc.explanation.split(" of ")[0])
+
+
+def test_a_place_kept_for_a_queued_request_no_slot_can_take_fails_work_conservation(judged):
+    """No limit binds; 24 streams on 8 slots and 4 places. Given a place in its turn while every slot
+    is held by streams waiting on the bench for a place, the queue's head cannot take it and the place
+    idles: the step records show residents of users with budget left out of idle places
+    (work-conservation-places), where the limiter as shipped keeps every place busy.
+    (Judged on synchronous engines: an asynchronous one's in-flight step makes a request sit out.)"""
+    _, verdict = judged("unbound_crowd", HeadPlaceWithoutSlot)
+    assert "work-conservation-places" in {name for name, _, _ in failures(verdict)}, verdict.summary()
+    run, resident = _resident_steps(verdict)
+    assert run >= 3 and resident >= 20, (run, resident)
+    _, correct = judged("unbound_crowd")
+    run, resident = _resident_steps(correct)
+    assert run <= 2 and resident <= 4, (run, resident)
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

@@ -660,4 +660,18 @@ def _work_conservation(run: RunData, th: Thresholds) -> list[Check]:
             text = "limiter off (the reference, not judged): " + text
         passed = None if not wc.limiter_on else wc.longest_run_steps <= limit
         out.append(Check("work-conservation", *ids, wc.longest_run_steps, limit, "<=", "steps", passed, text))
+        # a place idle while a resident of a user with budget got no tokens
+        plimit = th.work_conservation_places_max_run_steps
+        ptext = (f"{wc.resident} of {wc.steps} steps left an active place and token budget unused while a resident "
+                 f"request of a user with budget (on the bench, not parked for its budget) got no tokens; longest "
+                 f"run {wc.resident_longest_run} step(s); allowed: runs of at most {plimit} (a budget flip, and a "
+                 "stream sitting out one step for a sibling whose turn holds its user's token)")
+        if not wc.resident_judged:
+            ptext = ("not judged under asynchronous scheduling (a request whose step is in flight may sit out the "
+                     "next one): " + ptext)
+        elif not wc.limiter_on:
+            ptext = "limiter off (the reference, not judged): " + ptext
+        ppassed = None if not (wc.limiter_on and wc.resident_judged) else wc.resident_longest_run <= plimit
+        out.append(Check("work-conservation-places", *ids, wc.resident_longest_run, plimit, "<=", "steps", ppassed,
+                         ptext))
     return out

@@ -64,6 +64,10 @@ class Thresholds:
     # work conservation: the longest run of consecutive steps that left a place or a slot idle, or held by a
     # throttled request, while a request of a user with budget waited (1: the step in which a budget flips)
     work_conservation_max_run_steps: int = 1
+    # ... and the longest run of steps that left a place idle while a resident request of a user with budget
+    # got no tokens (work-conservation-places; 2: a budget flip and a stream sitting out one step for a
+    # sibling whose turn holds its user's token)
+    work_conservation_places_max_run_steps: int = 2
     # a refusal must be earned: tokens a refused user's charges may fall short of the bound's burst in
     # the window ending at the refusal (charges refunded at the end of the refusing step are not dispatches)
     refusal_tolerance_tokens: float = 2.0

@@ -10,12 +10,21 @@ max_num_active_seqs``), and either a throttled resident could have given way (``
 <= kv_free``: a free slot, and free KV for the whole of the smallest waiting request of a user with
 budget, prefix-cache hits not counted, the admission watermark added). With nothing throttled and the
 KV cache short the limiter is not to blame; with every place used the waiting request could not
-have run in this step whoever held the slots. Violating steps are counted as
+have run in this step whoever held the slots. Judged apart (``work-conservation-places``): steps that left token budget and a place unused while
+a resident request of a user with budget was given no tokens (``resident - throttled > reqs``: a
+stream waiting on the bench for a place, its user not out of budget); the limiter-off engine never
+leaves one out so. Runs of up to two steps are excepted: a budget flip, and a stream sitting out one
+step because its user's token is kept for a sibling whose turn it is. Judged on synchronously
+scheduling engines only: under asynchronous scheduling a request whose step is in flight may sit out
+the next step. Violating steps are counted as
 
 * **place**: every violating step; and of them
 * **slot**: ``throttled > 0 and resident >= max_num_seqs``: every resident slot was taken, one
   or more by a throttled request (the collapse of a crowd: parked requests hold the slots and
-  the places idle).
+  the places idle);
+and, apart, **resident** steps (above; the patch until that check kept a place for the head of the
+waiting queue when no slot could take it, every slot held by requests waiting on the bench for a
+place: a quarter of the places idled under an overload with no limit binding).
 
 The step in which a budget flips is excepted: the records are written after the step's
 refunds, which can make a user ready after its queued request was skipped, so a single
@@ -66,6 +75,9 @@ class StepLimits:
     max_num_active_seqs: int  # places: requests given tokens in one step
     max_num_batched_tokens: int  # tokens in one step
     num_kv_blocks: int  # KV cache blocks in all
+    # asynchronous scheduling: a resident request whose step is in flight may sit out the next one, so
+    # a resident left out of an idle place proves nothing there (resident steps judged on sync engines)
+    async_scheduling: bool = False
 
     @classmethod
     def from_meta(cls, meta: dict) -> StepLimits | str:
@@ -77,23 +89,38 @@ class StepLimits:
             seqs = int(meta["max_num_seqs"])
             active = meta.get("max_num_active_seqs")
             return cls(seqs, seqs if active is None else int(active), int(meta["max_num_batched_tokens"]),
-                       int(meta["num_kv_blocks"]))
+                       int(meta["num_kv_blocks"]), bool(meta.get("async_scheduling")))
         except (TypeError, ValueError) as exc:
             return f"the event file's header has unreadable capacities ({exc})"
 
 
 def violations(steps: np.ndarray, lim: StepLimits) -> tuple[np.ndarray, np.ndarray]:
-    """(slot, place): per step record, whether it violates work conservation in each way."""
+    """(slot, place): per step record, whether it violates work conservation in each way (the steps
+    that left a resident of a user with budget out of an idle place: :func:`left_out`, judged apart)."""
     def col(name: str) -> np.ndarray:
         return steps[name].astype(np.int64)
 
     reqs, tokens, resident, throttled = col("reqs"), col("tokens"), col("resident"), col("throttled")
     ready, kv_free, ready_blocks = col("waiting_ready"), col("kv_free"), col("ready_blocks")
-    owed = (ready > 0) & (tokens < lim.max_num_batched_tokens) & (reqs < lim.max_num_active_seqs)
+    spare = (tokens < lim.max_num_batched_tokens) & (reqs < lim.max_num_active_seqs)
+    owed = (ready > 0) & spare
     room = (resident < lim.max_num_seqs) & (ready_blocks > 0) & (ready_blocks <= kv_free)
     place = owed & ((throttled > 0) | room)
     slot = place & (throttled > 0) & (resident >= lim.max_num_seqs)
     return slot, place
+
+
+def left_out(steps: np.ndarray, lim: StepLimits) -> np.ndarray:
+    """Per step record: a place and token budget left while a resident request of a user with budget
+    (resident, not parked for its budget) was given no tokens."""
+    def col(name: str) -> np.ndarray:
+        return steps[name].astype(np.int64)
+
+    reqs, tokens, resident, throttled = col("reqs"), col("tokens"), col("resident"), col("throttled")
+    if lim.async_scheduling:
+        return np.zeros(len(steps), dtype=bool)
+    return ((resident - throttled > reqs) & (tokens < lim.max_num_batched_tokens)
+            & (reqs < lim.max_num_active_seqs))
 
 
 def runs_of(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,6 +144,9 @@ class WorkConservation:
     violating: int = 0
     slot: int = 0  # steps violating as "slot" (a step may be both)
     place: int = 0  # steps violating as "place"
+    resident: int = 0  # steps that left a resident of a user with budget out of an idle place (sync only)
+    resident_longest_run: int = 0  # the longest run of them
+    resident_judged: bool = True  # False: asynchronous scheduling (not judged)
     runs: int = 0  # runs of consecutive violating steps
     long_runs: int = 0  # of them, runs of 2 or more steps
     longest_run_steps: int = 0
@@ -144,6 +174,10 @@ def phase_figures(steps: np.ndarray, lim: StepLimits, start_ns: int, next_t_ns: 
     starts, lengths = runs_of(bad)
     out = dict(steps=len(steps), violating=int(bad.sum()), slot=int(slot.sum()), place=int(place.sum()),
                runs=len(starts), long_runs=int((lengths >= 2).sum()))
+    out_mask = left_out(steps, lim)
+    _, out_lengths = runs_of(out_mask)
+    out.update(resident=int(out_mask.sum()), resident_longest_run=int(out_lengths.max()) if len(out_lengths) else 0,
+               resident_judged=not lim.async_scheduling)
     if witness is not None:
         out["witness"] = int((witness & ~(slot | place)).sum())
     if len(starts):

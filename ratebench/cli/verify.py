@@ -61,6 +61,11 @@ _OPT_WORK_RUN = typer.Option("--work-conservation-max-run-steps",
                              help="work conservation: the longest run of consecutive engine steps that may leave a "
                                   "place or a slot idle, or held by a throttled request, while a request of a user "
                                   "with budget waits (1: the step in which a budget flips)")
+_OPT_PLACES_RUN = typer.Option("--work-conservation-places-max-run-steps",
+                               help="work conservation: the longest run of consecutive engine steps (synchronous "
+                                    "scheduling) that may leave a place idle while a resident request of a user "
+                                    "with budget gets no tokens (2: a budget flip, and a stream sitting out one step "
+                                    "for its sibling's turn)")
 _OPT_WITNESS_CLOCK = typer.Option("--witness-clock-us",
                                   help="two witnesses: how far (microseconds) the client's time may precede the "
                                        "engine's event for the same token, end of stream or send (the clock's "
@@ -78,7 +83,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                work_conservation_max_run_steps: int = 1, isolation_e2e_factor: float = 1.5,
                isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
                isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0,
-               wait_steps_max: float = 40.0, refusal_tolerance_tokens: float = 2.0) -> Thresholds:
+               wait_steps_max: float = 40.0, refusal_tolerance_tokens: float = 2.0,
+               work_conservation_places_max_run_steps: int = 2) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -95,7 +101,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                       stream_wait_slack_ns=round(stream_wait_slack_ms * 1e6), place_share_min=place_share_min,
                       place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
                       witness_clock_ns=round(witness_clock_us * 1e3),
-                      refusal_tolerance_tokens=refusal_tolerance_tokens)
+                      refusal_tolerance_tokens=refusal_tolerance_tokens,
+                      work_conservation_places_max_run_steps=work_conservation_places_max_run_steps)
 
 
 def verify_bound(
@@ -123,6 +130,7 @@ def verify_bound(
     place_share_min: Annotated[float, _OPT_PLACE_SHARE] = 0.5,
     place_jain_min: Annotated[float, _OPT_PLACE_JAIN] = 0.9,
     work_conservation_max_run_steps: Annotated[int, _OPT_WORK_RUN] = 1,
+    work_conservation_places_max_run_steps: Annotated[int, _OPT_PLACES_RUN] = 2,
     witness_clock_us: Annotated[float, _OPT_WITNESS_CLOCK] = 5.0,
     refusal_tolerance_tokens: Annotated[float, _OPT_REFUSAL_TOL] = 2.0,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
@@ -148,7 +156,8 @@ def verify_bound(
                     stream_wait_factor=stream_wait_factor,
                     stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
                     place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
-                    witness_clock_us=witness_clock_us, refusal_tolerance_tokens=refusal_tolerance_tokens)
+                    witness_clock_us=witness_clock_us, refusal_tolerance_tokens=refusal_tolerance_tokens,
+                    work_conservation_places_max_run_steps=work_conservation_places_max_run_steps)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:

@@ -219,6 +219,10 @@ CHECKS: dict[str, CheckMeaning] = {
                                       "stayed idle, or held by a throttled request, while a request of a user with "
                                       "budget waited", "{events}: the step records from the time the explanation "
                                       "gives (resident, throttled, waiting_ready, reqs, kv_free); {plot}"),
+    "work-conservation-places": CheckMeaning("4", "for three or more engine steps in a row, a batch place stayed "
+                                             "idle while a resident request of a user with budget got no tokens",
+                                             "{events}: the step records from the time the explanation gives "
+                                             "(resident, throttled, reqs, tokens); {plot}"),
     "overhead": CheckMeaning("overhead", "with limits never reached, the limiter costs more throughput than "
                              "allowed against the limiter off or stock vLLM",
                              "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "

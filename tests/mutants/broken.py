@@ -311,6 +311,18 @@ class QueueWaitsAtFullCap(Mutant):
         scheduler.schedule = schedule_without_the_queue
 
 
+class HeadPlaceWithoutSlot(Mutant):
+    """The head of the waiting queue is given a place in its turn even when no resident slot can take
+    it (the patch before this was found): with every slot held by streams of users with budget
+    waiting on the bench for a place, that place idles each step, a quarter of them with four places
+    (no limit binds)."""
+
+    name = "head-place-without-slot"
+
+    def apply(self, scheduler) -> None:
+        scheduler._output_rate_head_may_take_slot = lambda queued_taking: True
+
+
 class NoClaims(Mutant):
     """A stream preempted for a neighbour's KV loses its turn: its siblings holding KV keep spending
     the user's budget while it waits in the queue (the patch before preempted streams kept claims)."""
