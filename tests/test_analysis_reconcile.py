@@ -106,8 +106,19 @@ def test_cancelled_stream_that_kept_generating_fails():
 
 def test_cancelled_stream_must_be_aborted_not_finished_normally_afterwards():
     rec = record(cancelled=True, cancel_ns=2, completion_tokens=None, finish_reason=None)
-    assert not check(rec, engine(finish_ns=10)).ok
+    assert not check(rec, engine(finish_ns=10**9)).ok  # finished a second after the cancel
+    assert not check(rec, engine(emitted=2, finish_count=2, finish_ns=10)).ok  # 'length' short of max_tokens
+    assert not check(rec, engine(finish_reason="stop", finish_ns=10)).ok
     assert check(rec, engine(finish_ns=1)).ok  # it had finished before the cancel
+
+
+def test_a_cancel_that_raced_the_last_chunk_of_a_complete_answer_passes():
+    """Seen on the limiter-off engine of a fresh-clone main job: a 3-token answer, its third token
+    emitted 0.83 ms before the client's cancel (after its second chunk), the engine's 'length' finish
+    stamped 0.41 ms after it (later in the same step)."""
+    rec = record(cancelled=True, cancel_ns=72465087695165, completion_tokens=None, finish_reason=None,
+                 chunk_ns=[72465079539209, 72465087687304], chunk_tokens=[1, 1])
+    assert check(rec, engine(finish_ns=72465087695165 + 405978)).ok
 
 
 def test_events_after_the_finish_event_fail():
