@@ -900,21 +900,19 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
     across the fleet against it (analysis/isolation.py)."""
     p = spec.params
 
-    def light_requests(ctx: ScenarioContext, engine: EngineRef, salt: str, heavy: int):
+    async def light_requests(ctx: ScenarioContext, engine: EngineRef, salt: str, heavy: int) -> list[StreamRequest]:
         """Each light user's answers, open loop, ``light_every_s`` apart from just after the last
         backlogged stream was sent (so that round-robin has placed those first)."""
-        async def make() -> list[StreamRequest]:
-            out: list[StreamRequest] = []
-            start = heavy * FLEET_STAGGER_S + p["light_every_s"] / 2
-            for j, user in enumerate(p["light_users"]):
-                reqs = await _streams(ctx, engine, user, p["light_requests"], p["light_max_tokens"],
-                                      f"{salt} {user}", first_index=heavy + j * p["light_requests"],
-                                      headers={p["user_header"]: user})
-                for k, req in enumerate(reqs):
-                    req.delay_s = start + k * p["light_every_s"] + j * FLEET_STAGGER_S
-                out += reqs
-            return out
-        return make
+        out: list[StreamRequest] = []
+        start = heavy * FLEET_STAGGER_S + p["light_every_s"] / 2
+        for j, user in enumerate(p["light_users"]):
+            reqs = await _streams(ctx, engine, user, p["light_requests"], p["light_max_tokens"],
+                                  f"{salt} {user}", first_index=heavy + j * p["light_requests"],
+                                  headers={p["user_header"]: user})
+            for k, req in enumerate(reqs):
+                req.delay_s = start + k * p["light_every_s"] + j * FLEET_STAGGER_S
+            out += reqs
+        return out
 
     def run_of(policy: str, *, baseline: bool = False):
         phase = f"{policy}-baseline" if baseline else policy
@@ -933,7 +931,7 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
                 req.delay_s = k * FLEET_STAGGER_S
             users = {u: {"streams": p["streams"], "backlogged": True} for u in p["users"]}
             if p["light_users"]:
-                reqs += await light_requests(ctx, engine, salt, len(reqs))()
+                reqs += await light_requests(ctx, engine, salt, len(reqs))
                 users.update({u: {"streams": 1, "backlogged": False, "light": True} for u in p["light_users"]})
             await ctx.phase(engine, phase, reqs, users, role="baseline" if baseline else "measure",
                             params={"ignore_eos": True, "policy": policy}, route=policy,

@@ -32,7 +32,7 @@ import numpy as np
 from ratebench.analysis.bound import NS_PER_S, BoundResult, check_bound
 from ratebench.analysis.load import RunData
 from ratebench.analysis.summary import RunSummary
-from ratebench.events import KIND_DISPATCH, KIND_EMIT
+from ratebench.events import KIND_DISPATCH, KIND_EMIT, PhaseRecord
 
 
 @dataclass
@@ -133,15 +133,21 @@ def failover_outcomes(records: list, members: list[str], failover: dict) -> Fail
     return out
 
 
-def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]:
-    """Every fleet phase of the run, its users' bounds across its member engines."""
-    groups: dict[tuple[str, str, str], list[int]] = {}
+def fleet_groups(run: RunData) -> dict[tuple[str, str, str], list[PhaseRecord]]:
+    """(scenario, phase, fleet) -> the member records of each fleet phase (``params["fleet"]`` ties them)."""
+    groups: dict[tuple[str, str, str], list[PhaseRecord]] = {}
     for p in run.phases:
         info = p.params.get("fleet")
         if isinstance(info, dict) and info.get("name"):
-            groups.setdefault((p.scenario, p.phase, str(info["name"])), []).append(p.index)
+            groups.setdefault((p.scenario, p.phase, str(info["name"])), []).append(p)
+    return groups
+
+
+def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]:
+    """Every fleet phase of the run, its users' bounds across its member engines."""
     out = []
-    for (scenario, phase, fleet), indices in groups.items():
+    for (scenario, phase, fleet), records in fleet_groups(run).items():
+        indices = [p.index for p in records]
         info = run.phases[indices[0]].params["fleet"]
         members = [str(m) for m in info.get("members") or [run.phases[i].engine for i in indices]]
         mine = [r for r in run.records if r.fleet == fleet and r.scenario == scenario and r.phase == phase]

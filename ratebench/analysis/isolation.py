@@ -52,6 +52,7 @@ import numpy as np
 
 from ratebench.analysis.bound import check_bound
 from ratebench.analysis.gaps import gap_stats
+from ratebench.analysis.fleet import fleet_groups
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import BUSY_MACHINE_CPUS
 from ratebench.analysis.segments import diffs_within, group_by
@@ -535,16 +536,6 @@ def _clear_checks(run: RunData, p: PhaseRecord, base: PhaseRecord, binding: Bind
 # ---- a fleet -------------------------------------------------------------------------------------------
 
 
-def _fleet_groups(run: RunData) -> dict[tuple[str, str, str], list[PhaseRecord]]:
-    """(scenario, phase, fleet) -> the member records of a fleet's phase (``params["fleet"]``)."""
-    out: dict[tuple[str, str, str], list[PhaseRecord]] = {}
-    for p in run.phases:
-        info = p.params.get("fleet")
-        if isinstance(info, dict) and info.get("name"):
-            out.setdefault((p.scenario, p.phase, str(info["name"])), []).append(p)
-    return out
-
-
 def _fleet_view(records: list[PhaseRecord], fleet: str) -> PhaseRecord:
     """A fleet's phase as one record: named after the fleet, its users those of every member (no engine
     of that name has an event file, so the unit checks judge the client's side)."""
@@ -567,7 +558,7 @@ def fleet_isolation_checks(run: RunData, th: Thresholds) -> list[Check]:
     its members) are pooled, as a mix tier's are, and judged as one unit on the client's side by the
     isolation checks' thresholds; the checks name the fleet. Whose limit bound is told as in a mix, from
     every member's record."""
-    groups = _fleet_groups(run)
+    groups = fleet_groups(run)
     out: list[Check] = []
     for (scenario, phase, fleet), members in groups.items():
         if members[0].role != "measure" or not all(run.engines.get(m.engine) is not None

@@ -10,21 +10,21 @@ max_num_active_seqs``), and either a throttled resident could have given way (``
 <= kv_free``: a free slot, and free KV for the whole of the smallest waiting request of a user with
 budget, prefix-cache hits not counted, the admission watermark added). With nothing throttled and the
 KV cache short the limiter is not to blame; with every place used the waiting request could not
-have run in this step whoever held the slots. Judged apart (``work-conservation-places``): steps that left token budget and a place unused while
-a resident request of a user with budget was given no tokens (``resident - throttled > reqs``: a
-stream waiting on the bench for a place, its user not out of budget); the limiter-off engine never
-leaves one out so. Runs of up to two steps are excepted: a budget flip, and a stream sitting out one
-step because its user's token is kept for a sibling whose turn it is. Judged on synchronously
-scheduling engines only: under asynchronous scheduling a request whose step is in flight may sit out
-the next step. Violating steps are counted as
+have run in this step whoever held the slots. Violating steps are counted as
 
 * **place**: every violating step; and of them
 * **slot**: ``throttled > 0 and resident >= max_num_seqs``: every resident slot was taken, one
   or more by a throttled request (the collapse of a crowd: parked requests hold the slots and
-  the places idle);
-and, apart, **resident** steps (above; the patch until that check kept a place for the head of the
-waiting queue when no slot could take it, every slot held by requests waiting on the bench for a
-place: a quarter of the places idled under an overload with no limit binding).
+  the places idle).
+
+**Resident steps**, judged apart (``work-conservation-places``): a step that left token budget and
+a place unused while a resident request of a user with budget got no tokens (``resident -
+throttled > reqs``: a stream waiting on the bench for a place, its user not out of budget). The
+limiter-off engine never leaves one out so; the patch did until that check (it kept a place for
+the head of the waiting queue when no slot could take it). Runs of up to two steps are excepted:
+a budget flip, and a stream sitting out one step because its user's token is kept for a sibling
+whose turn it is. Judged on synchronously scheduling engines only: under asynchronous scheduling a
+request whose step is in flight may sit out the next step.
 
 The step in which a budget flips is excepted: the records are written after the step's
 refunds, which can make a user ready after its queued request was skipped, so a single
