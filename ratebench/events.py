@@ -335,6 +335,11 @@ class ClientRecord:
     # the answer's token ids as streamed (choices[].token_ids, sent with return_token_ids); None when the
     # server sent none (a run folder from before they were recorded, or a server that ignores the field)
     token_ids: list[int] | None = None
+    # a greedy answer that parted from the same request's on the limiter-off engine, scored there
+    # (ratebench/answerscore.py): per token, [its logprob, the likeliest token's logprob] in that engine's
+    # context of this answer's own tokens; scored_on names that engine. None: not scored
+    answer_scores: list[list[float]] | None = None
+    scored_on: str | None = None
     # a fleet's phase: the fleet's engine name (fleet<K>-<mode>) the request was sent through; ``engine``
     # is then the member engine that served it (the balancer's response header), or the fleet's name
     # when no engine did (refused by the balancer)

@@ -27,6 +27,7 @@ from ratebench.analysis import overhead as overhead_analysis
 from ratebench.analysis.answers import GREEDY_PARAM
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
+from ratebench.answerscore import score_parted_answers
 from ratebench.engine import engine_core_cpu_s
 from ratebench.events import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
@@ -849,8 +850,21 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
             # the same prompts on every engine (each engine runs the mix once, so no prompt meets the
             # prefix cache it left): the limiter-on and limiter-off answers can be held together
             reqs = await _trace_streams(ctx, engine, requests, f"{ctx.driver.run_id} {ctx.spec.name} mix")
+
+            async def score() -> dict[str, Any]:
+                # the baseline's answers are in: score the limiter-on answers that parted from them here
+                # (ratebench/answerscore.py), so answers-intact can tell a tie broken either way from a
+                # request that lost its context
+                on = [r for r in ctx.driver.records if r.scenario == ctx.spec.name and r.phase == "mix"]
+                off = [r for r in ctx.driver.records if r.scenario == ctx.spec.name and r.phase == phase
+                       and r.engine == engine.name]
+                scored = await score_parted_answers(engine.endpoint, engine.model, on, off,
+                                                    {q.stream_index: q for q in reqs}, engine.name)
+                return {"answers_scored": scored}
+
             await ctx.phase(engine, phase, reqs, _mix_users(p, requests), role=role,
-                            params={"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True})
+                            params={"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True},
+                            extra=score if role == "baseline" else None)
         return run
 
     plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, m), phase_of("mix", "measure"),

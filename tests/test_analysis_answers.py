@@ -89,3 +89,47 @@ def test_answers_without_token_ids_or_phases_not_greedy_are_not_judged(tmp_path)
     assert check.passed is None and "8 without token ids" in check.explanation
     assert not [c for c in analyse_run(greedy_mix(tmp_path / "b", greedy=False)).verdict.checks
                 if c.name == "answers-intact"]
+
+
+def _part(run, scores):
+    """free-00's second answer parts from the baseline's at token 5 on the limiter-on engine; ``scores``
+    (per token: [its logprob, the likeliest's] on the limiter-off engine) or None: not scored."""
+    def edit(recs):
+        for r in recs:
+            if r.phase == "mix" and r.user == "free-00" and r.stream_index == 1:
+                r.token_ids[5:] = [(t + 1) % 97 for t in r.token_ids[5:]]
+                if scores is not None:
+                    r.answer_scores = scores(len(r.token_ids))
+                    r.scored_on = "feature-off-sync"
+    edit_client_records(run, edit)
+    return answers_check(run)
+
+
+def test_answers_that_part_at_a_tie_and_go_on_greedily_pass_named_as_a_tie(tmp_path):
+    # every token of the limiter-on answer the limiter-off engine's likeliest, but token 5 tied to 1 ulp
+    check = _part(greedy_mix(tmp_path), lambda n: [[-4.0, -4.0]] * 5 + [[-4.7152, -4.6996]] + [[-3.0, -3.0]] * (n - 6))
+    assert check.passed and check.figure == 0, check.explanation
+    assert "1 parted at a tie" in check.explanation and "token 5, logprob -4.7152 against -4.6996" in check.explanation
+
+
+def test_an_answer_that_parts_where_no_tie_is_fails_with_its_scores(tmp_path):
+    # tied where it parted, but two tokens later not the limiter-off engine's greedy choice: lost context
+    check = _part(greedy_mix(tmp_path), lambda n: [[-4.0, -4.0]] * 5 + [[-4.71, -4.70]] + [[-3.0, -3.0]]
+                  + [[-5.2, -3.9]] + [[-3.0, -3.0]] * (n - 8))
+    assert check.passed is False and check.figure == 1
+    assert "its token 7 has logprob -5.2000 where that engine's likeliest has -3.9000" in check.explanation
+
+
+def test_an_answer_that_parts_unscored_fails(tmp_path):
+    check = _part(greedy_mix(tmp_path), None)
+    assert check.passed is False and "not scored on the limiter-off engine" in check.explanation
+
+
+def test_the_tie_tolerance_is_verify_bounds_to_set(tmp_path):
+    from ratebench.analysis.verdict import Thresholds
+    run = greedy_mix(tmp_path)
+    _part(run, lambda n: [[-4.0, -4.0]] * 5 + [[-4.80, -4.70]] + [[-3.0, -3.0]] * (n - 6))
+    strict = [c for c in analyse_run(run).verdict.checks if c.name == "answers-intact"][0]
+    loose = [c for c in analyse_run(run, Thresholds(answers_logprob_tol=0.2)).verdict.checks
+             if c.name == "answers-intact"][0]
+    assert strict.passed is False and loose.passed is True

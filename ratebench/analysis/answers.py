@@ -13,9 +13,22 @@ every request that runs to ``max_tokens`` (``ignore_eos``) at temperature 0), pa
 in the mix (user and ``stream_index``). For each pair in which both got token ids (``choices[].token_ids``,
 ``return_token_ids``) and neither was answered with an error, the tokens both received must agree: a
 cancelled answer is compared up to where it was cut. Answers that end with EOS sample (temperature 1)
-and are not compared. Greedy answers of the same prompt agree across batch compositions here: 778 of
-778 on cpu-tiny's mix, with 1,300 throttled requests moved out of their slots and back; a request
-resumed on blocks it no longer held diverged from its first resumed token.
+and are not compared. A request resumed on blocks it no longer held diverged from its first resumed
+token.
+
+Ties. Two engines may break a tie differently: the batch a request shares changes the kernels' rounding
+(bfloat16 logits), and where two tokens are that close in probability the greedy choice falls either
+way. cpu-tiny's random model is flat and ties are common: 1 of 885 answers parted at one in each of two
+mix runs, both at two tokens of the same bfloat16 logit. So the driver scores every limiter-on answer
+that parts on the limiter-off engine (``ratebench/answerscore.py``: per token, its logprob there beside
+that engine's likeliest token's, in the context of the answer's own tokens), and such an answer passes
+when every token of it is the limiter-off engine's greedy choice up to ``tol`` nats: where it parted the
+two tokens tied, and what followed is that engine's own greedy continuation. ``tol``: the logits of this
+model are spaced 2^-6 apart in bfloat16 (the logprobs of the likeliest tokens lie between -5 and -2);
+the same token's logprob on the two engines differed by at most 0.031 (two such steps) over 885 answers,
+and the two ties seen were exact; 0.05 allows three steps. An answer that resumed on the wrong context
+is scored against the right one, and falls outside it. A pair that parts unscored (a run folder from
+before scoring, or a run interrupted before its baseline ended) fails, as before.
 
 Figures only; :mod:`ratebench.analysis.checks` applies the threshold (none may differ).
 """
@@ -28,6 +41,9 @@ from ratebench.analysis.load import RunData
 
 GREEDY_PARAM = "greedy_answers"
 SNIPPET = 6  # tokens shown either side of the first difference
+# nats: two logprobs of the same token on two engines, or a tie's two tokens on one (verify-bound's
+# --answers-logprob-tol; derived in the module's docstring)
+DEFAULT_LOGPROB_TOL = 0.05
 
 
 @dataclass
@@ -37,6 +53,12 @@ class Difference:
     position: int  # index of the first token that differs
     on: list[int]  # the limiter-on answer around it
     off: list[int]  # the baseline's
+    # scored (ratebench/answerscore.py): the first token of the limiter-on answer that is not the limiter-off
+    # engine's greedy choice within the tolerance, its logprob there and the likeliest token's (None: none)
+    not_greedy_at: int | None = None
+    logprob: float | None = None
+    top_logprob: float | None = None
+    scored: bool = False
 
 
 @dataclass
@@ -50,9 +72,10 @@ class AnswerComparison:
     tokens: int = 0  # tokens compared
     without_ids: int = 0  # pairs where a side carried no token ids
     differing: list[Difference] = field(default_factory=list)
+    ties: list[Difference] = field(default_factory=list)  # pairs that parted at a tie (not failures)
 
 
-def answer_comparisons(run: RunData) -> list[AnswerComparison]:
+def answer_comparisons(run: RunData, tol: float = DEFAULT_LOGPROB_TOL) -> list[AnswerComparison]:
     """Every greedy mix phase against its baseline, request by request."""
     out: list[AnswerComparison] = []
     by_phase: dict[tuple[str, str, str], list] = {}
@@ -79,11 +102,30 @@ def answer_comparisons(run: RunData) -> list[AnswerComparison]:
                     continue
                 cmp.compared += 1
                 cmp.tokens += n
-                x, y = a.token_ids, b.token_ids
-                if x[:n] != y[:n]:
-                    k = next(i for i in range(n) if x[i] != y[i])
-                    lo = max(0, k - SNIPPET)
-                    cmp.differing.append(Difference(a.client_id, a.user, k, x[lo:k + SNIPPET],
-                                                    y[lo:k + SNIPPET]))
+                _compare(cmp, a, b, n, tol)
             out.append(cmp)
     return out
+
+
+def _compare(cmp: AnswerComparison, a, b, n: int, tol: float) -> None:
+    """One pair: ``a`` on the limiter-on engine, ``b`` the baseline's, their first ``n`` tokens."""
+    x, y = a.token_ids, b.token_ids
+    if x[:n] == y[:n]:
+        return
+    k = next(i for i in range(n) if x[i] != y[i])
+    lo = max(0, k - SNIPPET)
+    d = Difference(a.client_id, a.user, k, x[lo:k + SNIPPET], y[lo:k + SNIPPET])
+    scores = getattr(a, "answer_scores", None)
+    if scores is None or len(scores) < n:
+        cmp.differing.append(d)
+        return
+    d.scored = True
+    for j in range(n):
+        lp, top = scores[j]
+        if top - lp > tol:
+            d.not_greedy_at, d.logprob, d.top_logprob = j, lp, top
+            cmp.differing.append(d)
+            return
+    lp, top = scores[k]
+    d.logprob, d.top_logprob = lp, top
+    cmp.ties.append(d)

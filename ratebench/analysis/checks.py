@@ -130,7 +130,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks.extend(_pressure(run, th))
     checks.extend(_work_conservation(run, th))
     checks.extend(_refusal_witness(run, th))
-    checks.extend(_answers_intact(run))
+    checks.extend(_answers_intact(run, th))
     checks.extend(_fleet(run, s, th))
     return checks
 
@@ -236,11 +236,13 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     return out
 
 
-def _answers_intact(run: RunData) -> list[Check]:
-    """Per greedy mix phase: every answer (up to where it was cut) token for token as the same request's
-    on the limiter-off engine (analysis/answers.py)."""
+def _answers_intact(run: RunData, th: Thresholds) -> list[Check]:
+    """Per greedy mix phase: every answer (up to where it was cut) token for token as the same request's on the
+    limiter-off engine, or, where the two part, the limiter-off engine's greedy answer up to ties, scored there
+    (analysis/answers.py)."""
     out = []
-    for c in answer_comparisons(run):
+    tol = th.answers_logprob_tol
+    for c in answer_comparisons(run, tol):
         ids = (c.scenario, c.phase, c.engine, None)
         against = f"the same requests on {c.base_phase}@{c.base_engine}"
         if not c.compared:
@@ -251,8 +253,18 @@ def _answers_intact(run: RunData) -> list[Check]:
         text = f"{len(c.differing)} of {c.compared} greedy answers ({c.tokens} tokens) differ from {against}"
         if c.differing:
             d = c.differing[0]
-            text += (f"; first: {d.client_id} ({d.user or 'anonymous'}) from token {d.position}: "
-                     f"{d.on} against {d.off}")
+            text += f"; first: {d.client_id} ({d.user or 'anonymous'}) from token {d.position}: {d.on} against {d.off}"
+            if d.not_greedy_at is not None:
+                text += (f"; scored on the limiter-off engine, its token {d.not_greedy_at} has logprob "
+                         f"{d.logprob:.4f} where that engine's likeliest has {d.top_logprob:.4f} (more than "
+                         f"{tol:g} apart: not a tie, not its greedy answer)")
+            elif not d.scored:
+                text += "; not scored on the limiter-off engine"
+        if c.ties:
+            t = c.ties[0]
+            text += (f"; {len(c.ties)} parted at a tie and went on as the limiter-off engine's greedy "
+                     f"answer (scored there: every token within {tol:g} of its likeliest), first {t.client_id} at "
+                     f"token {t.position}, logprob {t.logprob:.4f} against {t.top_logprob:.4f}")
         if c.without_ids:
             text += f"; {c.without_ids} pairs without token ids not compared"
         out.append(Check("answers-intact", *ids, len(c.differing), 0, "<=", "requests", not c.differing, text))

@@ -71,6 +71,9 @@ class Thresholds:
     # a refusal must be earned: tokens a refused user's charges may fall short of the bound's burst in
     # the window ending at the refusal (charges refunded at the end of the refusing step are not dispatches)
     refusal_tolerance_tokens: float = 2.0
+    # answers-intact: nats two engines' logprobs of the same token may differ (the batch's rounding), and
+    # two tokens' logprobs on one engine for their tie to excuse answers that part (analysis/answers.py)
+    answers_logprob_tol: float = 0.05
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     # two witnesses (analysis/witness.py): how far the client's time may precede the engine's for the same
     # token, end of stream or send. One clock (CLOCK_MONOTONIC, 1 ns resolution through the vDSO, one

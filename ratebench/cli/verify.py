@@ -70,6 +70,10 @@ _OPT_WITNESS_CLOCK = typer.Option("--witness-clock-us",
                                   help="two witnesses: how far (microseconds) the client's time may precede the "
                                        "engine's event for the same token, end of stream or send (the clock's "
                                        "resolution; one host clock)")
+_OPT_ANSWERS_TOL = typer.Option("--answers-logprob-tol",
+                                help="answers-intact: nats the same token's logprob may differ between the "
+                                     "limiter-on and the limiter-off engine (the batch's rounding), and two tokens' "
+                                     "logprobs on one engine for a tie between them to excuse answers that part")
 _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
                                                          "(default: the longest engine step measured)")
 
@@ -84,7 +88,7 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
                isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0,
                wait_steps_max: float = 40.0, refusal_tolerance_tokens: float = 2.0,
-               work_conservation_places_max_run_steps: int = 2) -> Thresholds:
+               work_conservation_places_max_run_steps: int = 2, answers_logprob_tol: float = 0.05) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -102,7 +106,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                       place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
                       witness_clock_ns=round(witness_clock_us * 1e3),
                       refusal_tolerance_tokens=refusal_tolerance_tokens,
-                      work_conservation_places_max_run_steps=work_conservation_places_max_run_steps)
+                      work_conservation_places_max_run_steps=work_conservation_places_max_run_steps,
+                      answers_logprob_tol=answers_logprob_tol)
 
 
 def verify_bound(
@@ -133,6 +138,7 @@ def verify_bound(
     work_conservation_places_max_run_steps: Annotated[int, _OPT_PLACES_RUN] = 2,
     witness_clock_us: Annotated[float, _OPT_WITNESS_CLOCK] = 5.0,
     refusal_tolerance_tokens: Annotated[float, _OPT_REFUSAL_TOL] = 2.0,
+    answers_logprob_tol: Annotated[float, _OPT_ANSWERS_TOL] = 0.05,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -157,7 +163,8 @@ def verify_bound(
                     stream_wait_slack_ms=stream_wait_slack_ms, place_share_min=place_share_min,
                     place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
                     witness_clock_us=witness_clock_us, refusal_tolerance_tokens=refusal_tolerance_tokens,
-                    work_conservation_places_max_run_steps=work_conservation_places_max_run_steps)
+                    work_conservation_places_max_run_steps=work_conservation_places_max_run_steps,
+                    answers_logprob_tol=answers_logprob_tol)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:

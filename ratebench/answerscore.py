@@ -1,0 +1,108 @@
+"""Score a limiter-on engine's greedy answers on the limiter-off engine, where the two answers part.
+
+A mix sends the same greedy requests (temperature 0, ``ignore_eos``) to the limiter-on engine and,
+as its baseline, to the limiter-off engine; answers-intact (``ratebench.analysis.answers``) holds
+each pair together token for token. Two correct engines may still part: the batch a request shares
+changes the kernels' rounding (bfloat16 logits), and where two tokens are that close in probability
+the greedy choice falls either way. cpu-tiny's random model is flat (its five likeliest tokens within
+about half a nat), and 1 of 885 answers parted at such a tie in each of two mix runs (tokens of the
+same bfloat16 logit: -4.6996 and -4.6996).
+
+So, once the baseline's answers are in, every pair that parts is scored: the limiter-on answer is sent
+to the limiter-off engine as a prompt after its own prompt (``prompt_logprobs``, one output token), and
+each of its tokens gets the logprob the limiter-off engine gives it in that context beside the logprob
+of that engine's own likeliest token. A correct engine's answer is greedy there, up to ties; an answer
+resumed on the wrong context is not. Asking every greedy answer for its logprobs while it streams would
+say the same without the extra requests, but costs a CPU engine more per step (60 concurrent requests:
+0.57 s against 0.46 to 0.52 s without): enough to turn cpu-tiny's mix, near this machine's capacity,
+into an overload in which first tokens waited 2 s on both engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from ratebench.events import ClientRecord
+from ratebench.workload import StreamRequest, WorkloadError
+
+SCORE_CONCURRENCY = 4  # scoring requests in flight
+
+
+def parted_pairs(on: list[ClientRecord], off: list[ClientRecord]) -> list[tuple[ClientRecord, ClientRecord]]:
+    """The (limiter-on, baseline) record pairs of greedy answers, paired by user and stream index, whose
+    tokens differ where both have them (the pairs answers-intact compares and would fail)."""
+    by_key = {(r.user, r.stream_index): r for r in off}
+    out = []
+    for a in on:
+        b = by_key.get((a.user, a.stream_index))
+        if (b is None or not a.ignore_eos or not b.ignore_eos or a.error or b.error
+                or not a.token_ids or not b.token_ids):
+            continue
+        n = min(len(a.token_ids), len(b.token_ids))
+        if a.token_ids[:n] != b.token_ids[:n]:
+            out.append((a, b))
+    return out
+
+
+async def prompt_ids(client: httpx.AsyncClient, endpoint: str, model: str, req: StreamRequest) -> list[int]:
+    """The token ids the engine put before the answer: the prompt's own, or its tokenization (a chat
+    prompt with its template and the generation prompt, as the chat endpoint builds it)."""
+    if isinstance(req.prompt, list):
+        return list(req.prompt)
+    body: dict[str, Any] = {"model": model}
+    if req.api == "chat":
+        body.update(messages=[{"role": "user", "content": req.prompt}], add_generation_prompt=True)
+    else:
+        body["prompt"] = req.prompt
+    r = await client.post(f"{endpoint}/tokenize", json=body)
+    if r.status_code != 200:
+        raise WorkloadError(f"{endpoint}/tokenize answered HTTP {r.status_code}: {r.text[:300]}")
+    return list(r.json()["tokens"])
+
+
+async def score_answer(client: httpx.AsyncClient, endpoint: str, model: str, prompt: list[int],
+                       answer: list[int]) -> list[list[float]]:
+    """Per token of ``answer`` after ``prompt``: [its logprob, the logprob of the engine's likeliest token
+    there], as the engine at ``endpoint`` computes them."""
+    body = {"model": model, "prompt": prompt + answer, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 1}
+    r = await client.post(f"{endpoint}/v1/completions", json=body)
+    if r.status_code != 200:
+        raise WorkloadError(f"scoring an answer on {endpoint} answered HTTP {r.status_code}: {r.text[:300]}")
+    rows = r.json()["choices"][0].get("prompt_logprobs")
+    if not rows or len(rows) < len(prompt) + len(answer):
+        raise WorkloadError(f"scoring an answer on {endpoint}: no prompt_logprobs for every token")
+    out = []
+    for j, token in enumerate(answer):
+        row = rows[len(prompt) + j] or {}
+        own = row.get(str(token))
+        if own is None:
+            raise WorkloadError(f"scoring an answer on {endpoint}: token {token} missing from its prompt_logprobs")
+        out.append([own["logprob"], max(v["logprob"] for v in row.values())])
+    return out
+
+
+async def score_parted_answers(endpoint: str, model: str, on: list[ClientRecord], off: list[ClientRecord],
+                               requests: dict[int, StreamRequest], engine: str) -> int:
+    """Score the limiter-on answer of every pair that parts on the limiter-off engine at ``endpoint``
+    (named ``engine``); the scores go into the limiter-on records (``answer_scores``, ``scored_on``).
+    ``requests``: the phase's stream requests by stream index (their prompts). Returns the pairs scored."""
+    pairs = parted_pairs(on, off)
+    if not pairs:
+        return 0
+    gate = asyncio.Semaphore(SCORE_CONCURRENCY)
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        async def one(a: ClientRecord, b: ClientRecord) -> None:
+            req = requests.get(a.stream_index)
+            if req is None:
+                return
+            async with gate:
+                ids = await prompt_ids(client, endpoint, model, req)
+                n = min(len(a.token_ids), len(b.token_ids))
+                a.answer_scores = await score_answer(client, endpoint, model, ids, a.token_ids[:n])
+                a.scored_on = engine
+
+        await asyncio.gather(*(one(a, b) for a, b in pairs))
+    return len(pairs)
