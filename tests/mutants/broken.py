@@ -323,6 +323,25 @@ class HeadPlaceWithoutSlot(Mutant):
         scheduler._output_rate_head_may_take_slot = lambda queued_taking: True
 
 
+class HeadSlotFromAnyThrottled(Mutant):
+    """The head of the waiting queue is given a place in its turn whenever any throttled resident holds a
+    slot, even when the queued claimants placed ahead of it take every such slot first (the patch before
+    this was found): the head then finds no slot and its place idles, with streams of users with budget
+    waiting on the bench (cpu-tiny's crowd: runs of 2 such steps on the real engine, 3 in the harness)."""
+
+    name = "head-slot-from-any-throttled"
+
+    def apply(self, scheduler) -> None:
+        def head_may_take_slot(queued_taking: int) -> bool:
+            resident = (len(scheduler.running) + queued_taking + scheduler._output_rate_num_parked
+                        + scheduler.num_waiting_for_streaming_input)
+            if resident < scheduler.max_num_running_reqs:
+                return True
+            return any(True for _ in scheduler._output_rate_throttled_parked())
+
+        scheduler._output_rate_head_may_take_slot = head_may_take_slot
+
+
 class NoClaims(Mutant):
     """A stream preempted for a neighbour's KV loses its turn: its siblings holding KV keep spending
     the user's budget while it waits in the queue (the patch before preempted streams kept claims)."""
