@@ -313,3 +313,39 @@ def test_a_baseline_whose_first_answers_came_late_does_not_raise_the_rate_to_mat
     [rate] = [c for c in mix_checks(run_dir) if c.name == "isolation-rate" and c.user == "pro tier"]
     assert rate.passed, rate.explanation
     assert rate.figure >= 0.97, rate.explanation
+
+
+def _baseline_steps(run_dir, *, full: bool):
+    """The limiter-off engine's event file rewritten with step records over the baseline phase: every
+    4 ms, 4 requests given tokens (places: the header's max_num_active_seqs, set to 4) and 30 waiting
+    (``full``), or 2 given tokens and none waiting."""
+    import json
+    path = run_dir / "engines" / "feature-off-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    base = [p for p in json.loads((run_dir / "scenarios.json").read_text()) if p["phase"] == "mix-baseline"][0]
+    t = np.arange(base["start_ns"], base["end_ns"], 4_000_000, dtype=np.int64)
+    steps = np.zeros(len(t), dtype=STEP_DTYPE)
+    steps["t_ns"] = t
+    steps["reqs"] = 4 if full else 2
+    steps["tokens"] = steps["reqs"]
+    steps["waiting"] = 30 if full else 0
+    with EventFileWriter(path, {**ev.meta, "max_num_active_seqs": 4, "max_num_seqs": 16}) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_steps(steps)
+        w.write_block(ev.records)
+    return run_dir
+
+
+def test_a_baseline_engine_full_most_of_its_phase_is_said_in_the_isolation_checks(tmp_path):
+    """A limiter-off engine with every place taken and requests waiting in most of its steps queues every
+    request: the isolation figures then compare two queues' order, not what the limiter costs. The checks
+    say so, and are judged all the same (the same verdicts as without the note)."""
+    plain = {c.name + str(c.user): c.passed for c in mix_checks(mix_run(tmp_path / "a"))}
+    full = mix_checks(_baseline_steps(mix_run(tmp_path / "b"), full=True))
+    ttft = [c for c in full if c.name == "isolation-ttft" and c.user == "pro tier"][0]
+    assert "the baseline engine was full: every active place taken with requests waiting in 100% of its steps" \
+        in ttft.explanation
+    assert {c.name + str(c.user): c.passed for c in full} == plain
+    calm = mix_checks(_baseline_steps(mix_run(tmp_path / "c"), full=False))
+    assert not any("baseline engine was full" in c.explanation for c in calm)

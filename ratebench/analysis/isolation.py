@@ -245,6 +245,42 @@ def _busy_note(p: PhaseRecord, base: PhaseRecord) -> str:
             "its baseline; a latency failed here may be the host's, not the limiter's (rerun on a quiet machine)")
 
 
+# the share of the baseline's steps (those that ran a request) with every active place taken and requests
+# waiting, from which the isolation checks say that the baseline engine was full
+FULL_BASELINE_SHARE = 0.5
+
+
+def full_share(run: RunData, phase: PhaseRecord) -> float | None:
+    """Of ``phase``'s engine steps that gave tokens to a request, the share with every active place taken
+    and requests waiting in the queue (its step records; None without them). On a limiter-off baseline
+    above ``FULL_BASELINE_SHARE`` every request queues: the isolation figures then compare two queues."""
+    trace = run.traces.get(phase.engine)
+    if trace is None or not len(trace.events.steps):
+        return None
+    meta = trace.events.meta
+    places = meta.get("max_num_active_seqs") or meta.get("max_num_seqs")
+    if not places:
+        return None
+    steps = trace.events.steps
+    t = steps["t_ns"]
+    mine = steps[(t >= phase.start_ns) & (t <= phase.end_ns) & (steps["reqs"] > 0)]
+    if not len(mine):
+        return None
+    return float(np.mean((mine["reqs"].astype(np.int64) >= int(places)) & (mine["waiting"] > 0)))
+
+
+def _full_note(run: RunData, base: PhaseRecord) -> str:
+    """Said when the baseline engine was full most of its phase: both engines queue, and the order in
+    which each serves its queue, not what the limiter costs, sets the latencies compared. The check is
+    judged all the same; size the phase below the engine's capacity to judge the limiter."""
+    share = full_share(run, base)
+    if share is None or share < FULL_BASELINE_SHARE:
+        return ""
+    return (f"the baseline engine was full: every active place taken with requests waiting in {share:.0%} of its "
+            "steps, so both engines queue and these figures compare the order in which each serves its queue "
+            "(size the phase below the engine's capacity to judge what the limiter costs)")
+
+
 def _ended(r) -> bool:
     return not r.cancelled and r.error is None and r.finish_reason in ENDED
 
@@ -409,7 +445,7 @@ def _unit_checks(run: RunData, cache: dict, p: PhaseRecord, base: PhaseRecord, u
     head = (f"{who}: {lat_on.requests} requests vs {lat_off.requests} on the baseline {base.phase}@{base.engine} "
             f"({lat_on.side} side)")
     tail = "".join(f"; {x}" for x in (unit.note, "" if unit.judged else f"information only: {unit.why}",
-                                      _busy_note(p, base)) if x)
+                                      _busy_note(p, base), _full_note(run, base)) if x)
     out = []
     for stem, what, attr in _MEASURES:
         factor, slack_ns = getattr(th, f"{attr}_factor"), getattr(th, f"{attr}_slack_ns")
