@@ -215,7 +215,7 @@ device = "cpu"
 scheduling = ["{mode}"]
 startup_timeout_s = 300
 shutdown_grace_s = 15
-max_engines = 1
+max_engines = {max_engines}
 
 [model]
 source = "tiny"
@@ -350,7 +350,10 @@ neighbour_max_tokens = 100
 MARKER_ENGINE = "ratebench test mutant: broken engine"
 
 
-def _run_broken(tmp_path, targets: dict[str, str], scenario: str, mode: str = "sync"):
+def _run_broken(tmp_path, targets: dict[str, str], scenario: str, mode: str = "sync", max_engines: int = 1):
+    """Run ``scenario`` on engines with ``targets`` injected (module -> code); ``max_engines`` 2: a
+    phase on the limiter-on engine and its baseline on the limiter-off one start both engines at once
+    (an engine start is mostly imports: two overlap on two cores)."""
     from rich.console import Console
 
     from ratebench.profiles import load_profile
@@ -361,7 +364,7 @@ def _run_broken(tmp_path, targets: dict[str, str], scenario: str, mode: str = "s
     (hook_dir / "sitecustomize.py").write_text(_hook(targets, MARKER_ENGINE))
     pythonpath = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p)
     path = tmp_path / "broken.toml"
-    path.write_text(_PROFILE_HEAD.format(pythonpath=pythonpath, mode=mode) + scenario)
+    path.write_text(_PROFILE_HEAD.format(pythonpath=pythonpath, mode=mode, max_engines=max_engines) + scenario)
     outcome = run_profile(load_profile(str(path)), RunOptions(results_dir=tmp_path / "results", verify=True,
                                                               live=False), console=Console(stderr=True))
     logs = "".join(p.read_text(errors="replace") for p in (outcome.run_dir / "engines").glob("*/engine.log"))
@@ -502,7 +505,7 @@ def test_an_engine_that_resumes_requests_on_kv_they_lost_fails_answers_intact(tm
     but resumes as if it had kept it: every answer still has its length and its tokens come on time
     (bound, spacing, reconciliation hold), but what follows the resume is another text: the greedy
     answers differ from the limiter-off engine's."""
-    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": YIELD_LOSING_KV}, _CROWD_MIX)
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": YIELD_LOSING_KV}, _CROWD_MIX, max_engines=2)
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
     assert "a request out of its slot lost its KV" in logs, "no request gave its slot: the path was not run"
     print(verdict.summary())
