@@ -85,24 +85,37 @@ async def score_answer(client: httpx.AsyncClient, endpoint: str, model: str, pro
 
 
 async def score_parted_answers(endpoint: str, model: str, on: list[ClientRecord], off: list[ClientRecord],
-                               requests: dict[int, StreamRequest], engine: str) -> int:
+                               requests: dict[int, StreamRequest], engine: str) -> dict[str, Any]:
     """Score the limiter-on answer of every pair that parts on the limiter-off engine at ``endpoint``
     (named ``engine``); the scores go into the limiter-on records (``answer_scores``, ``scored_on``).
-    ``requests``: the phase's stream requests by stream index (their prompts). Returns the pairs scored."""
+    ``requests``: the phase's stream requests by stream index (their prompts). Returns the counts for the
+    phase's params: ``answers_scored``, and ``answers_unscored`` with the first reason when a scoring
+    request failed (such an answer stays unscored, and answers-intact fails it as it fails any parting)."""
     pairs = parted_pairs(on, off)
-    if not pairs:
-        return 0
-    gate = asyncio.Semaphore(SCORE_CONCURRENCY)
-    async with httpx.AsyncClient(timeout=120.0) as client:
-        async def one(a: ClientRecord, b: ClientRecord) -> None:
-            req = requests.get(a.stream_index)
-            if req is None:
-                return
-            async with gate:
-                ids = await prompt_ids(client, endpoint, model, req)
-                n = min(len(a.token_ids), len(b.token_ids))
-                a.answer_scores = await score_answer(client, endpoint, model, ids, a.token_ids[:n])
+    scored = 0
+    problems: list[str] = []
+    if pairs:
+        gate = asyncio.Semaphore(SCORE_CONCURRENCY)
+        async with httpx.AsyncClient(timeout=120.0) as client:
+            async def one(a: ClientRecord, b: ClientRecord) -> None:
+                nonlocal scored
+                req = requests.get(a.stream_index)
+                if req is None:
+                    problems.append(f"{a.client_id}: no request of the phase has stream index {a.stream_index}")
+                    return
+                async with gate:
+                    try:
+                        ids = await prompt_ids(client, endpoint, model, req)
+                        n = min(len(a.token_ids), len(b.token_ids))
+                        a.answer_scores = await score_answer(client, endpoint, model, ids, a.token_ids[:n])
+                    except (WorkloadError, httpx.HTTPError, KeyError, ValueError) as exc:
+                        problems.append(f"{a.client_id}: {exc}")
+                        return
                 a.scored_on = engine
+                scored += 1
 
-        await asyncio.gather(*(one(a, b) for a, b in pairs))
-    return len(pairs)
+            await asyncio.gather(*(one(a, b) for a, b in pairs))
+    out: dict[str, Any] = {"answers_scored": scored}
+    if problems:
+        out["answers_unscored"] = {"count": len(problems), "first": problems[0][:300]}
+    return out

@@ -858,9 +858,8 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
                 on = [r for r in ctx.driver.records if r.scenario == ctx.spec.name and r.phase == "mix"]
                 off = [r for r in ctx.driver.records if r.scenario == ctx.spec.name and r.phase == phase
                        and r.engine == engine.name]
-                scored = await score_parted_answers(engine.endpoint, engine.model, on, off,
-                                                    {q.stream_index: q for q in reqs}, engine.name)
-                return {"answers_scored": scored}
+                return await score_parted_answers(engine.endpoint, engine.model, on, off,
+                                                  {q.stream_index: q for q in reqs}, engine.name)
 
             await ctx.phase(engine, phase, reqs, _mix_users(p, requests), role=role,
                             params={"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True},

@@ -71,8 +71,9 @@ class Thresholds:
     # a refusal must be earned: tokens a refused user's charges may fall short of the bound's burst in
     # the window ending at the refusal (charges refunded at the end of the refusing step are not dispatches)
     refusal_tolerance_tokens: float = 2.0
-    # answers-intact: nats two engines' logprobs of the same token may differ (the batch's rounding), and
-    # two tokens' logprobs on one engine for their tie to excuse answers that part (analysis/answers.py)
+    # answers-intact: how far (nats) below the limiter-off engine's likeliest token a token of a limiter-on
+    # answer that parted from the baseline's may score there and still count as its greedy choice, a tie
+    # broken the other way by the batch's rounding (analysis/answers.py, ratebench/answerscore.py)
     answers_logprob_tol: float = 0.05
     emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
     # two witnesses (analysis/witness.py): how far the client's time may precede the engine's for the same

@@ -71,9 +71,9 @@ _OPT_WITNESS_CLOCK = typer.Option("--witness-clock-us",
                                        "engine's event for the same token, end of stream or send (the clock's "
                                        "resolution; one host clock)")
 _OPT_ANSWERS_TOL = typer.Option("--answers-logprob-tol",
-                                help="answers-intact: nats the same token's logprob may differ between the "
-                                     "limiter-on and the limiter-off engine (the batch's rounding), and two tokens' "
-                                     "logprobs on one engine for a tie between them to excuse answers that part")
+                                help="answers-intact: how far (nats) below the limiter-off engine's likeliest "
+                                     "token a token of a limiter-on answer that parted may score there and still "
+                                     "count as its greedy choice (a tie the batch's rounding broke the other way)")
 _OPT_EMIT_TOL = typer.Option("--emit-tolerance-ms", help="widen windows on emit events by this much "
                                                          "(default: the longest engine step measured)")
 
