@@ -41,8 +41,8 @@ from ratebench.analysis.load import RunData
 
 GREEDY_PARAM = "greedy_answers"
 SNIPPET = 6  # tokens shown either side of the first difference
-# nats: two logprobs of the same token on two engines, or a tie's two tokens on one (verify-bound's
-# --answers-logprob-tol; derived in the module's docstring)
+# nats a scored token may lie below the limiter-off engine's likeliest and still count as its greedy
+# choice (verify-bound's --answers-logprob-tol; derived in the module's docstring)
 DEFAULT_LOGPROB_TOL = 0.05
 
 
@@ -115,7 +115,7 @@ def _compare(cmp: AnswerComparison, a, b, n: int, tol: float) -> None:
     k = next(i for i in range(n) if x[i] != y[i])
     lo = max(0, k - SNIPPET)
     d = Difference(a.client_id, a.user, k, x[lo:k + SNIPPET], y[lo:k + SNIPPET])
-    scores = getattr(a, "answer_scores", None)
+    scores = a.answer_scores
     if scores is None or len(scores) < n:
         cmp.differing.append(d)
         return
