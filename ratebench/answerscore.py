@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from ratebench.events import ClientRecord
+from ratebench.events import ClientRecord, greedy_pair_comparable
 from ratebench.workload import StreamRequest, WorkloadError
 
 SCORE_CONCURRENCY = 4  # scoring requests in flight
@@ -38,8 +38,7 @@ def parted_pairs(on: list[ClientRecord], off: list[ClientRecord]) -> list[tuple[
     out = []
     for a in on:
         b = by_key.get((a.user, a.stream_index))
-        if (b is None or not a.ignore_eos or not b.ignore_eos or a.error or b.error
-                or not a.token_ids or not b.token_ids):
+        if b is None or not greedy_pair_comparable(a, b) or not a.token_ids or not b.token_ids:
             continue
         n = min(len(a.token_ids), len(b.token_ids))
         if a.token_ids[:n] != b.token_ids[:n]:

@@ -350,6 +350,13 @@ class ClientRecord:
         return int(sum(self.chunk_tokens))
 
 
+def greedy_pair_comparable(a: ClientRecord, b: ClientRecord) -> bool:
+    """Whether two records of the same greedy request (on the limiter-on engine and its baseline) are held
+    together token for token (answers-intact, and the scoring of answers that part): both ran to
+    ``max_tokens`` (``ignore_eos``) and neither was answered with an error."""
+    return a.ignore_eos and b.ignore_eos and not a.error and not b.error
+
+
 def write_client_records(path: str | Path, records: list[ClientRecord]) -> None:
     """Write records as JSONL, atomically."""
     from ratebench._io import atomic_write_bytes

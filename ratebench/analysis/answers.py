@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratebench.analysis.load import RunData
+from ratebench.events import greedy_pair_comparable
 
 GREEDY_PARAM = "greedy_answers"
 SNIPPET = 6  # tokens shown either side of the first difference
@@ -92,7 +93,7 @@ def answer_comparisons(run: RunData, tol: float = DEFAULT_LOGPROB_TOL) -> list[A
             cmp = AnswerComparison(p.scenario, p.phase, p.engine, base.phase, base.engine)
             for a in by_phase.get(p.key, []):
                 b = off.get((a.user, a.stream_index))
-                if b is None or not a.ignore_eos or not b.ignore_eos or a.error or b.error:
+                if b is None or not greedy_pair_comparable(a, b):
                     continue
                 if a.token_ids is None or b.token_ids is None:
                     cmp.without_ids += 1

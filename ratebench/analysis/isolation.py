@@ -269,11 +269,15 @@ def full_share(run: RunData, phase: PhaseRecord) -> float | None:
     return float(np.mean((mine["reqs"].astype(np.int64) >= int(places)) & (mine["waiting"] > 0)))
 
 
-def _full_note(run: RunData, base: PhaseRecord) -> str:
+def _full_note(run: RunData, base: PhaseRecord, cache: dict) -> str:
     """Said when the baseline engine was full most of its phase: both engines queue, and the order in
     which each serves its queue, not what the limiter costs, sets the latencies compared. The check is
-    judged all the same; size the phase below the engine's capacity to judge the limiter."""
-    share = full_share(run, base)
+    judged all the same; size the phase below the engine's capacity to judge the limiter. (Measured once
+    per baseline phase: ``cache``.)"""
+    key = ("full", base.index)
+    if key not in cache:
+        cache[key] = full_share(run, base)
+    share = cache[key]
     if share is None or share < FULL_BASELINE_SHARE:
         return ""
     return (f"the baseline engine was full: every active place taken with requests waiting in {share:.0%} of its "
@@ -354,7 +358,7 @@ def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]
         k = phase_of.get((r.scenario, r.phase, r.engine))
         if k is not None:
             records_of.setdefault((k, s.user_of(i, r.user)), []).append(i)
-    cache: dict[str, _EngineRequests] = {}
+    cache: dict = {}  # engine -> _EngineRequests; ("full", baseline phase index) -> its full share
     for base in (q for q in run.phases if q.role == "baseline"):
         shared = [q for q in run.phases if q.scenario == base.scenario
                   and (q.role == "shared" or (q.kind == "mix" and q.role == "measure"))]
@@ -445,7 +449,7 @@ def _unit_checks(run: RunData, cache: dict, p: PhaseRecord, base: PhaseRecord, u
     head = (f"{who}: {lat_on.requests} requests vs {lat_off.requests} on the baseline {base.phase}@{base.engine} "
             f"({lat_on.side} side)")
     tail = "".join(f"; {x}" for x in (unit.note, "" if unit.judged else f"information only: {unit.why}",
-                                      _busy_note(p, base), _full_note(run, base)) if x)
+                                      _busy_note(p, base), _full_note(run, base, cache)) if x)
     out = []
     for stem, what, attr in _MEASURES:
         factor, slack_ns = getattr(th, f"{attr}_factor"), getattr(th, f"{attr}_slack_ns")
