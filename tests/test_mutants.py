@@ -18,6 +18,7 @@ from mutants import Mutant, Phase, Stream, Workload, run_workload
 from mutants.broken import (
     BudgetPerRequest,
     Burst1s,
+    CleanupForgetsDebt,
     ChargesPromptTokens,
     ChargesAnotherUser,
     ClumpedRelease,
@@ -397,6 +398,18 @@ def test_a_one_second_burst_breaks_the_bound(judged, async_scheduling):
     # a whole second's budget at the start: 21 tokens where 0.1 s * 20 + 1 = 3 may go at once
     assert check(verdict, "bound-dispatch", "1-stream", "user-a").figure <= -15
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+def test_a_clean_up_that_forgets_backlogged_users_breaks_the_bound(judged):
+    # the idle clean-up must drop only users whose TAT is past; dropping a backlogged user's state each
+    # second hands it another burst: the bound's worst window holds more than (W + 0.1) * N + 1
+    _, verdict = judged("default_user_streams", CleanupForgetsDebt)
+    expected = {(name, phase, "user-a") for name in ("bound-dispatch", "bound-emit", "bound-client")
+                for phase in ("1-stream", "4-streams")}
+    assert expected <= failures(verdict), verdict.summary()
+    assert {name for name, _, _ in failures(verdict)} <= BOUND | {"bound-client", "even-spacing-dispatch",
+                                                                 "even-spacing-emit"}, verdict.summary()
+    assert_correct_passes(judged, "default_user_streams", False)
 
 
 @SYNC_AND_ASYNC

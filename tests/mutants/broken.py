@@ -24,6 +24,23 @@ class Burst1s(Mutant):
         scheduler.output_rate_limiter.burst_ns = NS_PER_S
 
 
+class CleanupForgetsDebt(Mutant):
+    """The idle clean-up (once a second) drops every user's state, not only users whose TAT is past:
+    a backlogged user's debt (its TAT up to the burst ahead of now) is forgiven each second, so it
+    gets a fresh burst on top of its rate."""
+
+    name = "cleanup-forgets-debt"
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+
+        def cleanup_idle_users(now_ns: int) -> None:
+            limiter.next_cleanup_ns = now_ns + NS_PER_S
+            limiter._tat_scaled.clear()
+
+        limiter.cleanup_idle_users = cleanup_idle_users
+
+
 class BudgetPerRequest(Mutant):
     """One budget per request: every request is charged to a user named after itself."""
 
