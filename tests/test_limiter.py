@@ -1,4 +1,4 @@
-"""The GCRA limiter of the patch keeps its promise (DESIGN section 2).
+"""The GCRA limiter of the patch keeps its promise (docs/promise.md section 2).
 
 ``vllm.v1.core.sched.output_rate.OutputRateLimiter`` driven by hand: every time
 is an integer number of nanoseconds passed to ``try_take`` / ``cleanup_idle_users`` /
@@ -517,7 +517,7 @@ def test_the_minus_one_is_needed():
 
 
 class Textbook:
-    """DESIGN section 2 written out plainly, as the synthetic runs use it
+    """docs/promise.md section 2 written out plainly, as the synthetic runs use it
     (``ratebench.synth.GcraLimiter``): a take at ``now`` is refused iff
     ``tat - now * rate > burst * rate``, else TAT becomes ``max(tat, now * rate) + 10^9``."""
 

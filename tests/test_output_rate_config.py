@@ -1,5 +1,5 @@
 """Configuring the limiter: every malformed flag and every refused set-up is
-refused with a message that names the flag (DESIGN sections 1 and 3).
+refused with a message that names the flag (docs/promise.md section 1).
 
 Flags go through vLLM's real ``vllm serve`` parser; configurations through the
 real ``SchedulerConfig`` / ``VllmConfig`` built from the tiny model. The user a

@@ -111,7 +111,7 @@ def test_the_plot_a_failure_points_to_exists(tmp_path):
     assert verdict.failures
 
 
-# which promises a run exercised (DESIGN.md section 5, two witnesses: "A PASS names the promises its phases
+# which promises a run exercised (docs/promise.md section 5: "A PASS names the promises its phases
 # did not exercise"), in all four outputs
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The patched vLLM V1 scheduler keeps the output-rate promise (DESIGN sections 2-3).
+"""The patched vLLM V1 scheduler keeps the output-rate promise (docs/promise.md sections 2 and 3).
 
 Real Scheduler / AsyncScheduler and KV cache manager, a hand-driven clock and a
 controlled "model" (tests/sched_harness.py). The patch must be applied to the

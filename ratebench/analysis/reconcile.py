@@ -152,7 +152,7 @@ def view_of(totals: EngineRequestTotals, code: int, after_cancel=None, after_fin
 
 # How an answer the client did not close may end: its EOS (or a stop string), or max_tokens. A
 # request that is out of budget pauses and resumes: it is never cut short ("abort"), never answered
-# with an error (DESIGN, promise 3).
+# with an error (docs/promise.md, promise 3).
 COMPLETE_FINISH_REASONS = ("stop", "length")
 # A cancelled answer whose tokens were all emitted before the cancel may have its finish event this
 # much after it (recorded later in the same engine step; measured 0.4 ms)

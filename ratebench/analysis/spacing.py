@@ -1,6 +1,6 @@
 """Even spacing: the lower side of the bound on every window, checked exactly in one pass.
 
-The promise (DESIGN section 1, promise 2): a user's budget is spent evenly over
+The promise (docs/promise.md section 1, promise 2): a user's budget is spent evenly over
 time, never a whole second's worth at once and then nothing. The bound
 (``bound.py``) is the upper side: at most ``(W + B) * N + 1`` tokens in any
 window of W seconds. This is its dual: a user that is *backlogged* (always has

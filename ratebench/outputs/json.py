@@ -25,7 +25,7 @@ def _header(verdict: Verdict) -> dict:
         "outcome": verdict.outcome,  # PASS, FAIL, PARTIAL or FAIL (PARTIAL)
         # the first line of every output: the outcome, the broken promises, the promises exercised and not
         "headline": headline(verdict, coverage),
-        # every promise of DESIGN.md sections 1 and 5: {key, name, words, exercised, checks_judged,
+        # every promise of docs/promise.md sections 1 and 5: {key, name, words, exercised, checks_judged,
         # checks_failed, how}
         "promises": [p.__dict__ for p in coverage],
         "counts": {

@@ -2,7 +2,7 @@
 and which promises a run exercised.
 
 One table (``CHECKS``) that the console, report.md, report.html and verdict.json all use. The
-promises are DESIGN.md section 1's, numbered 1 to 7, and section 5's identity, waiting costs
+promises are docs/promise.md section 1's, numbered 1 to 7, and section 5's identity, waiting costs
 nothing, reconciliation, two witnesses and overhead: the twelve the verdict counts
 (``VERDICT_PROMISES``). "events" (recording events costs little, section 4) and "replay" (a trace
 reached the engine on time) judge the run's instruments, not the limiter: their failures are
@@ -62,7 +62,7 @@ PROMISE_NAMES: dict[str, str] = {
     "replay": "trace replayed on time",
 }
 
-# the promises the verdict counts as exercised or not, in this order (DESIGN.md sections 1 and 5)
+# the promises the verdict counts as exercised or not, in this order (docs/promise.md sections 1 and 5)
 VERDICT_PROMISES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7", "identity", "waiting", "reconciliation",
                                      "witness", "overhead")
 
@@ -250,7 +250,7 @@ CHECKS: dict[str, CheckMeaning] = {
                                    "scenarios.json machine_cpu"),
 }
 
-_UNKNOWN = CheckMeaning("?", "see DESIGN.md section 5", "report.md, Checks")
+_UNKNOWN = CheckMeaning("?", "see docs/promise.md section 5", "report.md, Checks")
 
 # made on a limiter-off vLLM with the patch (kind "patched", feature off), these checks also guard these
 # promises: engine-as-asked there says the limiter stayed off (no charges, no limits in its header)
@@ -264,7 +264,7 @@ def meaning(check_name: str) -> CheckMeaning:
 def promise_text(key: str) -> str:
     """'promise 6: the bound: ...': a promise, by its key, in words."""
     label = f"promise {key}" if key.isdigit() else key
-    return f"{label}: {PROMISES[key]}" if key in PROMISES else "no promise on record (see DESIGN.md section 5)"
+    return f"{label}: {PROMISES[key]}" if key in PROMISES else "no promise on record (see docs/promise.md section 5)"
 
 
 def promise_name(key: str) -> str:
