@@ -149,8 +149,9 @@ def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> User
 
 def _lost_charges(recs: np.ndarray, req_col: np.ndarray, d_req: np.ndarray, e_req: np.ndarray, e_c: np.ndarray,
                   d_by_req, d_t_r: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Charges that a client's cancel left without an emit (docs/promise.md section 3's accepted over-charge: a step already
-    dispatched when the client cancels), as (dispatch times, request codes), by code then time: each
+    """Charges that a client's cancel left without an emit (an accepted over-charge, docs/promise.md
+    section 3: a step already dispatched when the client cancels), as (dispatch times, request codes), by
+    code then time: each
     aborted request's last dispatches beyond the tokens it emitted. Even spacing on emit events counts
     them as emitted at their dispatch, as the budget was spent then (a stream the scenario closes
     between a charge and its emit made a window 2 tokens short of a user whose dispatch side was even)."""
