@@ -152,9 +152,9 @@ def _lost_charges(recs: np.ndarray, req_col: np.ndarray, d_req: np.ndarray, e_re
     """Charges that a client's cancel left without an emit (an accepted over-charge, docs/promise.md
     section 3: a step already dispatched when the client cancels), as (dispatch times, request codes), by
     code then time: each aborted request's last dispatches beyond the tokens it emitted. Even spacing on
-    emit events counts
-    them as emitted at their dispatch, as the budget was spent then (a stream the scenario closes
-    between a charge and its emit made a window 2 tokens short of a user whose dispatch side was even)."""
+    emit events counts them as emitted at their dispatch, as the budget was spent then (a stream the
+    scenario closes between a charge and its emit made a window 2 tokens short of a user whose dispatch
+    side was even)."""
     fin = recs["kind"] == KIND_FINISH
     aborted = np.zeros(n_codes, dtype=bool)
     aborted[req_col[fin][recs["reason"][fin] == FINISH_ABORT]] = True
