@@ -62,3 +62,62 @@ def test_stream_spread_equals_brute_force(events):
     s = np.array([e[1] for e in events])
     expected = brute_force_spread(t.tolist(), s.tolist()) if len(set(s.tolist())) > 1 else None
     assert stream_spread(t, s) == expected
+
+
+# ---- in service: users whose limit never bound (each two streams while both had a request in service)
+
+
+def test_a_stream_queued_between_its_requests_is_out_of_the_in_service_count():
+    # stream 0 answers 5 tokens, its next request waits 10 steps for a slot while stream 1 runs alone,
+    # then both alternate: counted from the last first token the spread is 10, in service 1
+    stream = np.array([0, 1] * 5 + [1] * 10 + [0, 1] * 5)
+    req = np.where(stream == 0, 0, 1)
+    req[20:][stream[20:] == 0] = 2
+    t = np.arange(stream.size)
+    assert stream_spread(t, stream) >= 10
+    assert stream_spread(t, stream, req) == 1
+
+
+def test_streams_that_never_take_turns_show_in_the_in_service_count():
+    # both streams in service throughout (one request each and a second): stream 0 takes 12 tokens to 1
+    stream = np.array([0, 1] + [0] * 12 + [1])
+    req = stream.copy()
+    t = np.arange(stream.size)
+    assert stream_spread(t, stream, req) >= 11
+
+
+def brute_force_in_service(t, stream, req):
+    first, last = {}, {}
+    for ti, ri in zip(t, req):
+        first[ri] = min(first.get(ri, ti), ti)
+        last[ri] = max(last.get(ri, ti), ti)
+    stream_of = dict(zip(req, stream))
+
+    def serving(s, x):
+        return any(stream_of[r] == s and first[r] < x <= last[r] for r in first)
+
+    worst = None
+    streams = sorted(set(stream))
+    for i, a in enumerate(streams):
+        for b in streams[i + 1:]:
+            times = sorted({ti for ti, si in zip(t, stream) if si in (a, b)})
+            start = None
+            for x in times:
+                if not (serving(a, x) and serving(b, x)):
+                    start = None
+                    continue
+                start = x if start is None else start
+                d = sum((si == a) - (si == b) for ti, si in zip(t, stream) if start <= ti <= x)
+                worst = abs(d) if worst is None else max(worst, abs(d))
+    return worst
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2), st.integers(0, 2)), min_size=1, max_size=50))
+def test_the_in_service_spread_equals_brute_force(events):
+    events.sort(key=lambda e: e[0])
+    t = np.array([e[0] for e in events])
+    s = np.array([e[1] for e in events])
+    r = np.array([10 * e[1] + e[2] for e in events])
+    expected = brute_force_in_service(t.tolist(), s.tolist(), r.tolist()) if len(set(s.tolist())) > 1 else None
+    assert stream_spread(t, s, r) == expected

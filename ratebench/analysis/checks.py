@@ -8,7 +8,7 @@ from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.fleet import cut_by_failover, fleet_phases
-from ratebench.analysis.isolation import fleet_isolation_checks, isolation_checks
+from ratebench.analysis.isolation import Binding, fleet_isolation_checks, isolation_checks, phase_binding
 from ratebench.analysis.lateness import lateness_checks
 from ratebench.analysis.load import RunData
 from ratebench.analysis.spacing import SpacingResult
@@ -42,6 +42,33 @@ def _bound_check(name: str, scen: str, phase: str, engine: str, user: str, b: Bo
                  None if informational else b.passed, text)
 
 
+def _stream_fairness(row: UserPhaseSummary, binding: Binding, th: Thresholds, ids: tuple) -> Check:
+    """A user's streams take turns on its budget. A user whose limit bound in the phase (a refuse
+    event, or its own dispatches spent its budget to the bound: the verifier's replay), or one whose
+    binding cannot be told, is judged on every token while all its streams were active. A user whose
+    limit never bound shares no budget: while a stream of it waits between two requests for a resident
+    slot its siblings run, as on an engine without the limiter, so every two of its streams are judged
+    while both had a request in service (the places among resident streams are the limiter's)."""
+    at_limit = (row.peak_head_tokens is not None and row.limit_tps is not None
+                and row.peak_head_tokens >= row.limit_tps * th.burst_ns / 1e9 - 1)
+    strict = not binding.known or binding.bound(row.user) or at_limit or not row.streams_resent
+    text = f"largest difference between {row.streams} streams' token counts while all were active: {row.stream_spread}"
+    if strict:
+        return Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens",
+                     row.stream_spread <= th.stream_spread_max, text)
+    why = (f"its limit never bound: no refuse event, and its dispatches never spent its budget to the bound, so "
+           f"a stream queued between its requests for a slot is out of the count, as on an engine without the "
+           f"limiter; {row.stream_spread} counting those waits")
+    figure = row.stream_spread_in_service
+    if figure is None:
+        return Check("stream-fairness", *ids, None, th.stream_spread_max, "<=", "tokens", None,
+                     f"not judged: no two of its {row.streams} streams ever had a request in service together, so "
+                     f"none waited on another for a place ({why})")
+    return Check("stream-fairness", *ids, figure, th.stream_spread_max, "<=", "tokens", figure <= th.stream_spread_max,
+                 f"largest difference between two of {row.streams} streams' token counts counted while both had a "
+                 f"request in service: {figure} ({why})")
+
+
 def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     checks: list[Check] = []
     # 1. the bound over each engine's whole file
@@ -53,6 +80,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             checks.append(_bound_check("bound-emit-run", WHOLE, WHOLE, eb.engine, eb.user, eb.emit,
                                        "emit events, whole engine file"))
     failover_cut = cut_by_failover(run)
+    bindings: dict = {}  # phase index -> whose limit bound in it (isolation.phase_binding)
     for (p_index, user), row in sorted(s.rows.items(), key=lambda kv: kv[0]):
         ids = (row.scenario, row.phase, row.engine, user)
         # 1. the bound in the phase
@@ -114,10 +142,9 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             checks.append(_charge_parity(row, ids))
         # 8. the user's streams take turns
         if row.stream_spread is not None:
-            ok = row.stream_spread <= th.stream_spread_max
-            checks.append(Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens", ok,
-                                f"largest difference between {row.streams} streams' token counts while all "
-                                f"were active: {row.stream_spread}"))
+            if p_index not in bindings:
+                bindings[p_index] = phase_binding(run, run.phases[p_index])
+            checks.append(_stream_fairness(row, bindings[p_index], th, ids))
     checks.extend(_engines_as_asked(run))
     checks.extend(_identity(run, s))
     checks.extend(_waiting(s, th))

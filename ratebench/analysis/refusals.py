@@ -65,6 +65,17 @@ def refusal_heads(dispatch_ns: np.ndarray, refuse_ns: np.ndarray, limit_tps: int
     return heads
 
 
+def peak_head(dispatch_ns: np.ndarray, limit_tps: int) -> float:
+    """The most any window ending at one of a user's dispatches holds above N x its length: the
+    highest head(t_j) (module docstring) over the time-sorted ``dispatch_ns``; N x burst means the
+    user's budget was spent to the bound there (its next token would be refused)."""
+    t = np.asarray(dispatch_ns, dtype=np.int64)
+    if not len(t):
+        return 0.0
+    x = limit_tps * (t - t[0]) / 1e9 - np.arange(len(t))  # N t_i - i
+    return float((np.arange(1, len(t) + 1) - limit_tps * (t - t[0]) / 1e9 + np.maximum.accumulate(x)).max())
+
+
 def refusal_witnesses(run: RunData, burst_ns: int) -> list[RefusalWitness]:
     """Per limiter-on phase and refused user: its worst refusal against the bound's burst."""
     out: list[RefusalWitness] = []

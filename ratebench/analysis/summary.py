@@ -19,6 +19,7 @@ from ratebench.analysis.gaps import gap_stats, gaps_merged
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import busy_machine_warnings, overhead_summaries
 from ratebench.analysis.rates import rate_figures
+from ratebench.analysis.refusals import peak_head
 from ratebench.analysis.reconcile import (
     NO_TIME,
     RequestCheck,
@@ -294,7 +295,15 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                 row.dispatch_rate = rate_figures(tg, None, row.limit_tps, th.burst_ns)
                 if row.streams > 1 or (len(rg) and rg.min() != rg.max()):
                     streams = req_stream[rg]
-                    row.stream_spread = stream_spread(tg, streams if streams.min() >= 0 else rg)
+                    by_stream = streams if streams.min() >= 0 else rg
+                    row.stream_spread = stream_spread(tg, by_stream)
+                    # a stream that sent several requests: also the spread counted only while every
+                    # stream had one in service (judged for users whose limit never bound: checks.py)
+                    if row.stream_spread is not None and len(np.unique(rg)) > len(np.unique(by_stream)):
+                        row.streams_resent = True
+                        row.stream_spread_in_service = stream_spread(tg, by_stream, rg)
+                    if row.limit_tps:
+                        row.peak_head_tokens = peak_head(tg, row.limit_tps)
             else:
                 row.spacing_emit = spacing
                 if row.limit_tps:

@@ -130,6 +130,13 @@ class UserPhaseSummary:
     gaps_client_request: GapStats | None = None
     gaps_client_user: GapStats | None = None
     stream_spread: int | None = None
+    # a stream sent several requests: the spread of every two streams counted only while both had a
+    # request in service (fairness.stream_spread; None: no two ever were)
+    streams_resent: bool = False
+    stream_spread_in_service: int | None = None
+    # the most the user's dispatches in the phase held above N x a window's length (refusals.peak_head):
+    # N x burst or more, its budget was spent to the bound at some moment
+    peak_head_tokens: float | None = None
     spacing_dispatch: SpacingResult | None = None  # even spacing (the lower side) on dispatch events
     spacing_emit: SpacingResult | None = None  # ... and on emit events
     ttft_client: GapStats | None = None  # first token-carrying chunk - sent, per request

@@ -461,3 +461,26 @@ class KeptKVNeverGiven(Mutant):
 
     def apply(self, scheduler) -> None:
         scheduler._drop_output_rate_kept_kv = lambda request: False
+
+
+class StreamsKeepTheirPlaces(Mutant):
+    """FCFS, while the active places bind: the bench forgets which of a user's streams sampled last
+    (none counted served, every turn key equal), so each stream goes back to the front of its user's
+    bench in its order and a user's first resident stream takes its user's place step after step;
+    its siblings sample only when the user has places to spare (users still take turns)."""
+
+    name = "streams-keep-their-places"
+
+    def apply(self, scheduler) -> None:
+        bench = scheduler._bench_output_rate_running
+
+        def bench_without_stream_turns(now_ns: int) -> int:
+            for request in scheduler.running:
+                request.output_rate_turn = 0
+            for requests in scheduler._output_rate_parked.values():
+                for request in requests:
+                    request.output_rate_turn = 0
+            scheduler._output_rate_served = {}
+            return bench(now_ns)
+
+        scheduler._bench_output_rate_running = bench_without_stream_turns
