@@ -233,3 +233,72 @@ def test_a_mix_may_allow_more_steps_after_a_cancel(tmp_path):
     edit_scenarios(run_dir, lambda phases: phases[0]["params"].update(cancel_max_steps=5))
     [allowed] = [c for c in _checks(run_dir, "cancellation") if c.phase == "mix" and c.user == "team-00"]
     assert allowed.threshold == 5 and allowed.passed, allowed.explanation
+
+
+# ---- every record's longest wait at once, against one record at a time ----------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ratebench.analysis.load import EngineTrace  # noqa: E402
+from ratebench.analysis.pressure import longest_waits  # noqa: E402
+from ratebench.events import RECORD_DTYPE  # noqa: E402
+
+
+def _one_at_a_time(times, sent, cancel, max_tokens, owner):
+    """The per-record scan stream_waits made before it computed every record at once."""
+    firsts = {}
+    for t, u in zip(times, owner):
+        if t:
+            firsts[u] = min(firsts.get(u, t[0]), t[0])
+    out = []
+    for t, s, c, mt, u in zip(times, sent, cancel, max_tokens, owner):
+        uf = firsts.get(u)
+        start = s if uf is None else max(s, min(uf, t[0] if t else uf))
+        closed = c >= 0 and len(t) < mt
+        marks = [start, *t, *([c] if closed else [])]
+        if len(marks) < 2:
+            out.append(None)
+            continue
+        gaps = np.diff(marks)
+        k = int(np.argmax(gaps))
+        where = 2 if closed and k == len(gaps) - 1 else (0 if k == 0 else 1)
+        out.append((int(gaps[k]), int(marks[k]), where))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 60), max_size=6), st.integers(0, 40), st.integers(-1, 80),
+                          st.integers(1, 6), st.integers(0, 2)), min_size=1, max_size=8))
+def test_every_records_longest_wait_at_once_equals_one_at_a_time(recs):
+    recs.sort(key=lambda r: r[4])  # records in user order, as stream_waits lists them
+    times = [sorted(r[0]) for r in recs]
+    sent = np.array([r[1] for r in recs], dtype=np.int64)
+    cancel = np.array([r[2] for r in recs], dtype=np.int64)
+    max_tokens = np.array([r[3] for r in recs], dtype=np.int64)
+    owner = np.array([r[4] for r in recs], dtype=np.int64)
+    # the per-request figures from a trace of their dispatch events (request code = record number)
+    ev = [(t, j) for j, ts in enumerate(times) for t in ts]
+    ev.sort(key=lambda e: e[0])
+    arr = np.zeros(len(ev), dtype=RECORD_DTYPE)
+    arr["kind"] = KIND_DISPATCH
+    arr["t_ns"] = [e[0] for e in ev]
+    arr["req"] = [e[1] for e in ev]
+    arr["count"] = 1
+    trace = EngineTrace("e", None, arr, np.arange(len(recs)), np.zeros(len(recs), dtype=np.int64))
+    fig = trace.request_gaps(KIND_DISPATCH)
+    figs = [np.zeros(len(recs), dtype=np.int64) for _ in range(5)]
+    figs[3][:] = -1
+    for k, name in enumerate(("count", "first", "last", "gap", "gap_at")):
+        figs[k][fig["codes"]] = fig[name]
+    best, at, where, start, measured = longest_waits(*figs, sent, cancel, max_tokens, owner, 3)
+    expected = _one_at_a_time(times, sent.tolist(), cancel.tolist(), max_tokens.tolist(), owner.tolist())
+    for j, e in enumerate(expected):
+        if e is None:
+            assert not measured[j]
+            continue
+        assert measured[j]
+        wait, began, kind = e
+        got_kind = 0 if where[j] == 0 or (where[j] == 1 and at[j] == start[j]) else int(where[j])
+        kind = 0 if kind == 1 and began == start[j] else kind
+        assert (int(best[j]), int(at[j]), got_kind) == (wait, began, kind), (j, times[j])

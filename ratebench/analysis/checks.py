@@ -49,9 +49,8 @@ def _stream_fairness(row: UserPhaseSummary, binding: Binding, th: Thresholds, id
     limit never bound shares no budget: while a stream of it waits between two requests for a resident
     slot its siblings run, as on an engine without the limiter, so every two of its streams are judged
     while both had a request in service (the places among resident streams are the limiter's)."""
-    at_limit = (row.peak_head_tokens is not None and row.limit_tps is not None
-                and row.peak_head_tokens >= row.limit_tps * th.burst_ns / 1e9 - 1)
-    strict = not binding.known or binding.bound(row.user) or at_limit or not row.streams_resent
+    strict = (not binding.known or binding.bound(row.user) or row.spent_to_bound(th.burst_ns)
+              or not row.streams_resent)
     text = f"largest difference between {row.streams} streams' token counts while all were active: {row.stream_spread}"
     if strict:
         return Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens",

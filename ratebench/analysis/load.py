@@ -17,6 +17,7 @@ import numpy as np
 
 from ratebench.events import (
     KIND_DISPATCH,
+    KIND_EMIT,
     ClientRecord,
     EngineEvents,
     EventFileError,
@@ -25,7 +26,7 @@ from ratebench.events import (
     read_client_records,
     read_engine_events,
 )
-from ratebench.analysis.segments import time_order
+from ratebench.analysis.segments import Groups, group_by, time_order
 
 
 def is_warmup_request(engine_request_id: str, engine: str) -> bool:
@@ -66,6 +67,64 @@ class EngineTrace:
     records: np.ndarray  # RECORD_DTYPE, sorted by time (stable)
     req_record: np.ndarray  # per string code: index into RunData.records, or -1
     req_phase: np.ndarray  # per string code: index into RunData.phases, or -1
+    _columns: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def of_kind(self, kind: int) -> dict[str, np.ndarray]:
+        """The columns (``t_ns``, ``req``, ``user``, ``count``) of the events of one kind, time-sorted,
+        each a contiguous array; made once per engine and kind (the analyses share them)."""
+        cols = self._columns.get(kind)
+        if cols is None:
+            sel = np.flatnonzero(self.records["kind"] == kind)
+            cols = {name: np.ascontiguousarray(self.records[name][sel]) for name in ("t_ns", "req", "user", "count")}
+            self._columns[kind] = cols
+        return cols
+
+    def emits(self) -> dict[str, np.ndarray]:
+        """The emit events that carry tokens (an emit of no tokens adds nothing), as :meth:`of_kind`."""
+        cols = self._columns.get("emits")
+        if cols is None:
+            cols = self.of_kind(KIND_EMIT)
+            if len(cols["count"]) and cols["count"].min() == 0:
+                keep = cols["count"] > 0
+                cols = {name: col[keep] for name, col in cols.items()}
+            self._columns["emits"] = cols
+        return cols
+
+    def by_request(self, kind: int | str) -> tuple[Groups, np.ndarray]:
+        """The events of one kind (or ``"emits"``: :meth:`emits`) grouped by request (time order kept
+        inside each), and their times in that order; made once per engine and kind."""
+        key = ("by-request", kind)
+        got = self._columns.get(key)
+        if got is None:
+            cols = self.emits() if kind == "emits" else self.of_kind(kind)
+            groups = group_by(cols["req"])
+            got = self._columns[key] = (groups, cols["t_ns"][groups.order])
+        return got
+
+    def request_gaps(self, kind: int) -> dict[str, np.ndarray]:
+        """Per request code with events of one kind (``codes``, ascending): ``count``, ``first`` and
+        ``last`` time, and the longest time between two of its consecutive events (``gap``, -1 for
+        fewer than two) with the time that gap began (``gap_at``: the first such gap's); made once."""
+        key = ("gaps", kind)
+        got = self._columns.get(key)
+        if got is None:
+            groups, t = self.by_request(kind)
+            n = groups.ends - groups.starts
+            gap = np.full(len(n), -1, dtype=np.int64)
+            gap_at = np.zeros(len(n), dtype=np.int64)
+            two = np.flatnonzero(n >= 2)
+            if len(two):
+                group_of = np.repeat(np.arange(len(n)), n)
+                within = group_of[1:] == group_of[:-1]
+                d = np.where(within, np.diff(t), -1)  # d[k] = t[k + 1] - t[k] inside one request
+                segs = groups.starts[two]  # a request's first gap up to the next such request's
+                gap[two] = np.maximum.reduceat(d, segs)
+                big = np.iinfo(np.int64).max
+                hit = np.where(within & (d == gap[group_of[:-1]]), np.arange(len(d)), big)
+                gap_at[two] = t[np.minimum.reduceat(hit, segs)]
+            got = self._columns[key] = dict(codes=groups.keys, count=n, first=t[groups.starts] if len(n) else n,
+                                            last=t[groups.ends - 1] if len(n) else n, gap=gap, gap_at=gap_at)
+        return got
 
 
 @dataclass

@@ -33,6 +33,7 @@ import numpy as np
 
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.load import RunData
+from ratebench.analysis.segments import group_by
 from ratebench.events import KIND_DISPATCH, PhaseRecord
 from ratebench.analysis.summary import client_user
 
@@ -127,11 +128,11 @@ def stream_wait_users(phase: PhaseRecord) -> list[str]:
 
 
 def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
-    """The longest wait of every stream of the phase's :func:`stream_wait_users`."""
+    """The longest wait of every stream of the phase's :func:`stream_wait_users`: one grouping of the
+    phase's dispatch events by client record, every record's waits computed at once."""
     users = stream_wait_users(phase)
     if not users:
         return []
-    by_record = _dispatch_by_record(run, phase)
     wanted = set(users)
     records_of: dict[str, list[int]] = {}  # one pass over the records, not one per user
     for i, r in enumerate(run.records):
@@ -140,36 +141,89 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
             u = client_user(r.user)
             if u in wanted:
                 records_of.setdefault(u, []).append(i)
-    empty = np.empty(0, dtype=np.int64)
+    users = [u for u in users if phase.users[u].limit_tps]
+    rec = np.array([i for u in users for i in records_of.get(u, [])], dtype=np.int64)
+    owner = np.repeat(np.arange(len(users)), [len(records_of.get(u, [])) for u in users])
+    n, first, last, top, top_at = _dispatch_figures(run, phase, rec)
+    records = [run.records[i] for i in rec.tolist()]
+    sent = np.array([r.sent_ns for r in records], dtype=np.int64)
+    cancel = np.array([r.cancel_ns if r.cancelled and r.cancel_ns is not None else -1 for r in records],
+                      dtype=np.int64)
+    max_tokens = np.array([r.max_tokens for r in records], dtype=np.int64)
+    best, best_at, where, start, measured = longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens,
+                                                          owner, len(users))
     out = []
-    for user in users:
-        spec = phase.users[user]
-        if not spec.limit_tps:
-            continue
-        mine = records_of.get(user, [])
-        firsts = [int(by_record[i][0]) for i in mine if i in by_record and len(by_record[i])]
-        user_first = min(firsts) if firsts else None
+    ends = np.cumsum([len(records_of.get(u, [])) for u in users]).tolist()  # owner is in user order
+    for k, user in enumerate(users):
         waits = []
-        for i in mine:
-            r = run.records[i]
-            t = by_record.get(i, empty)
-            start = r.sent_ns if user_first is None else max(r.sent_ns, min(user_first, int(t[0]) if len(t) else user_first))
-            # still waiting when the driver closed it (not when its answer was complete)
-            closed = r.cancelled and r.cancel_ns is not None and len(t) < r.max_tokens
-            marks = np.concatenate((np.array([start], dtype=np.int64), np.asarray(t, dtype=np.int64),
-                                    np.array([r.cancel_ns] if closed else [], dtype=np.int64)))
-            if len(marks) < 2:
-                continue
-            gaps = np.diff(marks)
-            k = int(np.argmax(gaps))  # the first longest, as a strict "longer than" scan keeps
-            a = int(marks[k])
-            if closed and k == len(gaps) - 1:
+        for j in range(ends[k - 1] if k else 0, ends[k]):
+            if not measured[j]:
+                continue  # no token and not closed: nothing to measure
+            r, at = records[j], int(best_at[j])
+            if where[j] == 2:
                 what = "after its last token until closed"
             else:
-                what = "first token" if a == start else "between tokens"
-            waits.append(StreamWait(r.client_id, r.stream_index, int(gaps[k]), what, a, len(t)))
+                what = "first token" if at == int(start[j]) else "between tokens"
+            waits.append(StreamWait(r.client_id, r.stream_index, int(best[j]), what, at, int(n[j])))
+        spec = phase.users[user]
         out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits))
     return out
+
+
+def longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens, owner, n_users):
+    """Every record's longest wait at once (arrays, one entry per record): from its dispatch figures
+    (count ``n``, ``first`` and ``last`` time, longest gap between two ``top`` and when it began
+    ``top_at``), when it was sent, when the driver closed it (-1: not cancelled), its ``max_tokens``
+    and its user's number ``owner`` (of ``n_users``). Returns (the wait, when it began, where: 0 to its
+    first token, 1 between tokens, 2 after its last token until closed; its start, whether there was
+    anything to measure): the first longest of those, as :func:`stream_waits` describes."""
+    m = len(n)
+    has = n > 0
+    # the user's first token in the phase (its first prefills are not the limiter's doing)
+    big = np.iinfo(np.int64).max
+    user_first = np.full(n_users, big, dtype=np.int64)
+    np.minimum.at(user_first, owner[has], first[has])
+    uf = user_first[owner] if m else np.empty(0, dtype=np.int64)
+    start = np.where(uf == big, sent, np.maximum(sent, np.minimum(uf, np.where(has, first, uf))))
+    # still waiting when the driver closed it (not when its answer was complete)
+    closed = (cancel >= 0) & (n < max_tokens)
+    # the first longest of: sent (or start) to the first token, between tokens, the last token to closed
+    best = np.where(has, first - start, np.iinfo(np.int64).min)
+    best_at = start.copy()
+    where = np.zeros(m, dtype=np.int8)  # 0: from the start, 1: between tokens, 2: until closed
+    better = (n >= 2) & (top > best)
+    best = np.where(better, top, best)
+    best_at = np.where(better, top_at, best_at)
+    where[better] = 1
+    tail = np.where(closed, cancel - np.where(has, last, start), 0)
+    better = closed & (tail > best)
+    best = np.where(better, tail, best)
+    best_at = np.where(better, np.where(has, last, start), best_at)
+    where[better] = 2
+    return best, best_at, where, start, has | closed
+
+
+def _dispatch_figures(run: RunData, phase: PhaseRecord, rec: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per client record of ``rec``, from the phase's dispatch events of its request: (count, first
+    time, last time, longest time between two, when that began); 0, 0, 0, -1, 0 without events."""
+    m = len(rec)
+    out = [np.zeros(m, dtype=np.int64) for _ in range(5)]
+    out[3][:] = -1
+    trace = run.traces.get(phase.engine)
+    if trace is None or not m:
+        return tuple(out)
+    fig = trace.request_gaps(KIND_DISPATCH)
+    # each record's request code: the one whose req_record is it, of this phase
+    code_of = np.full(len(run.records), -1, dtype=np.int64)
+    mine = np.flatnonzero((trace.req_record >= 0) & (trace.req_phase == phase.index))
+    code_of[trace.req_record[mine]] = mine
+    code = code_of[rec]
+    g = np.searchsorted(fig["codes"], code)
+    ok = (code >= 0) & (g < len(fig["codes"]))
+    ok[ok] = fig["codes"][g[ok]] == code[ok]
+    for k, name in enumerate(("count", "first", "last", "gap", "gap_at")):
+        out[k][ok] = fig[name][g[ok]]
+    return tuple(out)
 
 
 def fair_shares(total_tps: float, limits: dict[str, float]) -> dict[str, float]:

@@ -178,21 +178,17 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     recs = trace.records
     strings = trace.events.strings
     n_codes = max(len(strings), 1)
-    kind = recs["kind"]
-    dm, em = kind == KIND_DISPATCH, kind == KIND_EMIT
-    t_col, req_col, user_col = recs["t_ns"], recs["req"], recs["user"]
-    d_t, d_req, d_user = t_col[dm], req_col[dm], user_col[dm]
-    e_t, e_req, e_user = t_col[em], req_col[em], user_col[em]
-    e_c = recs["count"][em].astype(np.int64)
-    if len(e_c) and e_c.min() == 0:  # an emit of no tokens adds nothing
-        keep = e_c > 0
-        e_t, e_req, e_user, e_c = e_t[keep], e_req[keep], e_user[keep], e_c[keep]
+    req_col, user_col = recs["req"], recs["user"]
+    # the columns and groupings are the trace's, shared with the other analyses of this engine
+    dispatch, emits = trace.of_kind(KIND_DISPATCH), trace.emits()  # emits: those carrying tokens
+    d_t, d_req, d_user = dispatch["t_ns"], dispatch["req"], dispatch["user"]
+    e_t, e_req, e_user = emits["t_ns"], emits["req"], emits["user"]
+    e_c = emits["count"].astype(np.int64)
     e_unit = bool(len(e_c) == 0 or e_c.max() == 1)
 
     lap("columns")
     # per-request groupings, shared by the step estimate and the per-request gaps
-    d_by_req, e_by_req = group_by(d_req), group_by(e_req)
-    d_t_r, e_t_r = d_t[d_by_req.order], e_t[e_by_req.order]  # each request's times, request after request
+    (d_by_req, d_t_r), (e_by_req, e_t_r) = trace.by_request(KIND_DISPATCH), trace.by_request("emits")
     lost_t, lost_req = _lost_charges(recs, req_col, d_req, e_req, e_c, d_by_req, d_t_r, n_codes)
     lap("group by request")
     latencies = step_latencies(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req,
@@ -299,11 +295,12 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                     row.stream_spread = stream_spread(tg, by_stream)
                     # a stream that sent several requests: also the spread counted only while every
                     # stream had one in service (judged for users whose limit never bound: checks.py)
-                    if row.stream_spread is not None and len(np.unique(rg)) > len(np.unique(by_stream)):
-                        row.streams_resent = True
-                        row.stream_spread_in_service = stream_spread(tg, by_stream, rg)
                     if row.limit_tps:
                         row.peak_head_tokens = peak_head(tg, row.limit_tps)
+                    if (row.stream_spread is not None and not row.spent_to_bound(th.burst_ns)
+                            and len(np.unique(rg)) > len(np.unique(by_stream))):
+                        row.streams_resent = True
+                        row.stream_spread_in_service = stream_spread(tg, by_stream, rg)
             else:
                 row.spacing_emit = spacing
                 if row.limit_tps:

@@ -130,8 +130,9 @@ class UserPhaseSummary:
     gaps_client_request: GapStats | None = None
     gaps_client_user: GapStats | None = None
     stream_spread: int | None = None
-    # a stream sent several requests: the spread of every two streams counted only while both had a
-    # request in service (fairness.stream_spread; None: no two ever were)
+    # a stream sent several requests and the user's budget was never spent to the bound: the spread of
+    # every two streams counted only while both had a request in service (fairness.stream_spread; None:
+    # no two ever were)
     streams_resent: bool = False
     stream_spread_in_service: int | None = None
     # the most the user's dispatches in the phase held above N x a window's length (refusals.peak_head):
@@ -150,6 +151,12 @@ class UserPhaseSummary:
     cancelled: int = 0
     cancelled_charged_tokens: int = 0
     passed: bool = True
+
+    def spent_to_bound(self, burst_ns: int) -> bool:
+        """Whether the user's dispatches in the phase spent its budget to the bound at some moment
+        (within one token of N x burst above N x a window's length: its next token would be refused)."""
+        return (self.peak_head_tokens is not None and bool(self.limit_tps)
+                and self.peak_head_tokens >= self.limit_tps * burst_ns / 1e9 - 1)
 
 
 @dataclass

@@ -66,8 +66,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ratebench.analysis.segments import group_by
-from ratebench.events import KIND_EMIT, KIND_FINISH
+from ratebench.events import KIND_FINISH
 
 if TYPE_CHECKING:  # pragma: no cover
     from ratebench.analysis.load import RunData
@@ -158,12 +157,12 @@ def _engine_witness(run: RunData, name: str, indices: list[int], row_of_record, 
     trace = run.traces[name]
     recs = trace.records  # time-sorted
     n_codes = max(len(trace.events.strings), 1)
-    kind, t_all, req_all = recs["kind"], recs["t_ns"], recs["req"].astype(np.int64)
-    em = (kind == KIND_EMIT) & (recs["count"] > 0)
-    e_t, e_req, e_c = t_all[em], req_all[em], recs["count"][em].astype(np.int64)
-    by = group_by(e_req)  # stable: each request's emits in time order
-    t_r = e_t[by.order]
-    c_r = e_c[by.order]
+    kind, t_all, req_all = recs["kind"], recs["t_ns"], recs["req"]
+    # the emits that carry tokens, grouped by request (stable: each request's in time order); shared
+    by, t_r = trace.by_request("emits")
+    e_c = trace.emits()["count"]
+    unit = not len(e_c) or int(e_c.max()) == 1  # one token per emit: the k-th token is the k-th emit
+    c_r = np.ones(len(t_r), dtype=np.int64) if unit else e_c[by.order].astype(np.int64)
     cum_all = np.cumsum(c_r)  # strictly increasing: every count > 0
     before = (cum_all - c_r)[by.starts] if len(by) else np.zeros(0, dtype=np.int64)  # tokens of earlier groups
     total = cum_all[by.ends - 1] - before if len(by) else np.zeros(0, dtype=np.int64)
@@ -253,7 +252,10 @@ def _engine_witness(run: RunData, name: str, indices: list[int], row_of_record, 
     base = np.where(ok, before[np.maximum(g, 0)] if len(before) else 0, 0)
     e_last = np.zeros(len(t), dtype=np.int64)
     e_first = np.zeros(len(t), dtype=np.int64)
-    if ok.any():
+    if ok.any() and unit:  # cum_all is 1, 2, 3, ...: token j is emit j - 1
+        e_last[ok] = t_r[base[ok] + k_last[ok] - 1]
+        e_first[ok] = t_r[base[ok] + first_tok[ok] - 1]
+    elif ok.any():
         e_last[ok] = t_r[np.searchsorted(cum_all, base[ok] + k_last[ok], side="left")]
         e_first[ok] = t_r[np.searchsorted(cum_all, base[ok] + first_tok[ok], side="left")]
     early = e_last - t  # engine - client: > 0 is the client first
