@@ -69,15 +69,48 @@ class EngineTrace:
     req_phase: np.ndarray  # per string code: index into RunData.phases, or -1
     _columns: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def of_kind(self, kind: int) -> dict[str, np.ndarray]:
-        """The columns (``t_ns``, ``req``, ``user``, ``count``) of the events of one kind, time-sorted,
-        each a contiguous array; made once per engine and kind (the analyses share them)."""
-        cols = self._columns.get(kind)
-        if cols is None:
-            sel = np.flatnonzero(self.records["kind"] == kind)
-            cols = {name: np.ascontiguousarray(self.records[name][sel]) for name in ("t_ns", "req", "user", "count")}
-            self._columns[kind] = cols
-        return cols
+    def of_kind(self, kind: int, names: tuple[str, ...] = ("t_ns", "req", "user", "count")) -> dict[str, np.ndarray]:
+        """Columns of the events of one kind, time-sorted, each a contiguous array; each made once per
+        engine, kind and column (the analyses share them)."""
+        sel = self._columns.get(("select", kind))
+        if sel is None:
+            sel = self._columns[("select", kind)] = np.flatnonzero(self.records["kind"] == kind)
+        out = {}
+        for name in names:
+            col = self._columns.get((kind, name))
+            if col is None:
+                col = self._columns[(kind, name)] = np.ascontiguousarray(self.records[name][sel])
+            out[name] = col
+        return out
+
+    def first_event_ns(self) -> np.ndarray:
+        """Per request code: the time of its first event of any kind (-1: none); made once."""
+        got = self._columns.get("first-event")
+        if got is None:
+            n_codes = max(len(self.req_record), int(self.records["req"].max()) + 1 if len(self.records) else 0, 1)
+            big = np.iinfo(np.int64).max
+            got = np.full(n_codes, big, dtype=np.int64)
+            kinds = np.flatnonzero(np.bincount(self.records["kind"])) if len(self.records) else []
+            for kind in kinds.tolist() if len(kinds) else []:
+                if kind in (KIND_DISPATCH, KIND_EMIT):  # from their groupings by request
+                    groups, t = self.by_request(KIND_DISPATCH if kind == KIND_DISPATCH else "emits")
+                    if len(groups):
+                        got[groups.keys] = np.minimum(got[groups.keys], t[groups.starts])
+                    if kind == KIND_DISPATCH:
+                        continue
+                    cols = self.of_kind(KIND_EMIT, ("t_ns", "req", "count"))
+                    zero = cols["count"] == 0  # emits of no tokens are events too
+                    req, t = cols["req"][zero], cols["t_ns"][zero]
+                else:
+                    cols = self.of_kind(kind, ("t_ns", "req"))
+                    req, t = cols["req"], cols["t_ns"]
+                if len(req):
+                    first = np.full(n_codes, big, dtype=np.int64)
+                    first[req[::-1]] = t[::-1]  # assigned in reverse time order: the earliest wins
+                    np.minimum(got, first, out=got)
+            got[got == big] = -1
+            self._columns["first-event"] = got
+        return got
 
     def emits(self) -> dict[str, np.ndarray]:
         """The emit events that carry tokens (an emit of no tokens adds nothing), as :meth:`of_kind`."""

@@ -83,8 +83,11 @@ def step_latencies(
     # times are sorted within each request when the input was time-ordered
     unit = bool(np.all(emit_count == 1))
     if unit and np.array_equal(d_groups.keys, e_groups.keys) and np.array_equal(d_groups.sizes, e_groups.sizes):
-        # the usual case: every request has one dispatch per emitted token, in the same order
-        return e_t, e_t - d_t
+        # the usual case: every request has one dispatch per emitted token, in the same order; each
+        # emit put back at its dispatch's place, so the steps' starts come time-sorted (step_periods)
+        e_at = np.empty_like(e_t)
+        e_at[d_groups.order] = e_t
+        return e_at, e_at - np.asarray(dispatch_t_ns)
     d_count = np.zeros(n_codes, dtype=np.int64)
     d_start = np.zeros(n_codes, dtype=np.int64)
     d_count[d_groups.keys] = d_groups.sizes
@@ -160,10 +163,15 @@ def step_periods(emit_t_ns: np.ndarray, latency_ns: np.ndarray,
     if len(emit_t_ns) == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
     start = np.asarray(emit_t_ns, dtype=np.int64) - np.asarray(latency_ns, dtype=np.int64)
-    order = np.lexsort((emit_t_ns, start))
-    start, end = start[order], np.asarray(emit_t_ns, dtype=np.int64)[order]
-    new = np.r_[True, start[1:] != start[:-1]]
-    s, e = start[new], end[new]  # each step's first emit: its end
+    end = np.asarray(emit_t_ns, dtype=np.int64)
+    if np.all(start[1:] >= start[:-1]):  # starts already in order (step_latencies' usual case)
+        new = np.r_[True, start[1:] != start[:-1]]
+        s, e = start[new], np.minimum.reduceat(end, np.flatnonzero(new))  # each step's first emit: its end
+    else:
+        order = np.lexsort((end, start))
+        start, end = start[order], end[order]
+        new = np.r_[True, start[1:] != start[:-1]]
+        s, e = start[new], end[new]  # each step's first emit: its end
     nxt = np.append(s[1:], e[-1])
     worked = nxt - e <= handoff_ns
     period = np.where(worked, nxt - s, e - s + handoff_ns)

@@ -155,9 +155,7 @@ def witness_figures(run: RunData, row_of_record: dict[int, tuple[int, str]], chu
 
 def _engine_witness(run: RunData, name: str, indices: list[int], row_of_record, chunks, out) -> None:
     trace = run.traces[name]
-    recs = trace.records  # time-sorted
     n_codes = max(len(trace.events.strings), 1)
-    kind, t_all, req_all = recs["kind"], recs["t_ns"], recs["req"]
     # the emits that carry tokens, grouped by request (stable: each request's in time order); shared
     by, t_r = trace.by_request("emits")
     e_c = trace.emits()["count"]
@@ -172,14 +170,14 @@ def _engine_witness(run: RunData, name: str, indices: list[int], row_of_record, 
     emitted_of_code[by.keys.astype(np.int64)] = total
     # the first event of any kind per request code, and its first finish event (time, reason)
     first_ns = np.full(n_codes, -1, dtype=np.int64)
-    if len(req_all):
-        rev = slice(None, None, -1)  # assigning in reverse time order: the earliest wins
-        first_ns[req_all[rev]] = t_all[rev]
-    fin = np.flatnonzero(kind == KIND_FINISH)[::-1]
+    first_any = trace.first_event_ns()
+    first_ns[:min(n_codes, len(first_any))] = first_any[:n_codes]
+    fin = trace.of_kind(KIND_FINISH, ("t_ns", "req", "reason"))
+    rev = slice(None, None, -1)  # assigning in reverse time order: the earliest wins
     finish_ns = np.full(n_codes, -1, dtype=np.int64)
     finish_reason = np.full(n_codes, -1, dtype=np.int64)
-    finish_ns[req_all[fin]] = t_all[fin]
-    finish_reason[req_all[fin]] = recs["reason"][fin]
+    finish_ns[fin["req"][rev]] = fin["t_ns"][rev]
+    finish_reason[fin["req"][rev]] = fin["reason"][rev]
     code_of_record = {int(i): int(c) for c, i in enumerate(trace.req_record.tolist()) if i >= 0}
 
     # records in row order, so each row's chunks are one slice
