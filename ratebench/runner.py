@@ -133,6 +133,23 @@ class Run:
         self.engine_set.model_path, self.model_dir = choice.path, choice.local_dir
         self.manifest.data["model_path"] = choice.path
 
+    def compare_feature_off(self) -> None:
+        """Promise 7: the installed scheduler with the limiter off against upstream's, step by step, in a
+        child process with the engines' environment (``ratebench.upstream_replay``: feature-off.json)."""
+        from ratebench.upstream_replay import FILE, run_replay
+
+        self.console.print("[bold]feature off[/]: the installed scheduler with the limiter off against upstream's, "
+                           "step by step")
+        t0 = time.monotonic()
+        result = run_replay(self.run_dir, self.profile.engine.env)
+        self.add_stage("feature off against upstream", time.monotonic() - t0)
+        parted = [c for c in result.get("configs", []) if not c.get("identical")]
+        if result.get("error"):
+            self.console.print(f"[bold red]feature off[/]: could not compare ({result['error']}); {FILE}")
+        elif parted:
+            self.console.print(f"[bold red]feature off[/]: {len(parted)} of {len(result['configs'])} "
+                               f"configurations parted from upstream; {FILE}")
+
     # ---- the run ----------------------------------------------------------------------
 
     def scenarios_to_run(self):
@@ -203,6 +220,8 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
         t0 = time.monotonic()
         run.prepare()
         run.add_stage("prepare (patch, model)", time.monotonic() - t0)
+        if options.endpoint is None and options.use_patch:
+            run.compare_feature_off()
         run.execute()
     except KeyboardInterrupt:
         state, reason, code = "partial", "interrupted (SIGINT or SIGTERM)", EXIT_INTERRUPTED

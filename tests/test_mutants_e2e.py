@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import textwrap
 import time
 import uuid
 
 import pytest
 from typer.testing import CliRunner
 
+from mutants.hooks import break_on_import as _hook
 from mutants.runfolder import write_run_files
 from ratebench.cli import app
 from ratebench.engine import EngineSpec, start_engine
@@ -111,50 +111,6 @@ def test_a_real_engine_with_a_one_second_burst_fails_verify_bound(tmp_path, tiny
 # Each writes a sitecustomize that changes one module of vLLM in the engine's processes as it is
 # imported (the API server's request models, or the EngineCore's loop), runs one scenario of a small
 # profile through ratebench's own runner, and expects the verdict to name the promise it breaks.
-
-def _hook(targets: dict[str, str], marker: str) -> str:
-    """A sitecustomize that runs ``targets[name]`` (the body of ``_break(module)``) right after the
-    module ``name`` is imported."""
-    breakers = "\n".join(
-        f"def _break_{i}(module):\n" + textwrap.indent(textwrap.dedent(body), "    ")
-        + f"\n    print({marker!r}, file=sys.stderr, flush=True)\n"
-        for i, body in enumerate(targets.values()))
-    table = ", ".join(f"{name!r}: _break_{i}" for i, name in enumerate(targets))
-    return textwrap.dedent('''
-        """Test fixture of tests/test_mutants_e2e.py: a broken engine. Never shipped."""
-        import importlib.abc
-        import importlib.util
-        import queue
-        import sys
-        import time
-    ''') + breakers + textwrap.dedent(f'''
-
-        _TARGETS = {{{table}}}
-
-
-        class _BreakOnImport(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path=None, target=None):
-                if name not in _TARGETS or getattr(self, "busy", False):
-                    return None
-                self.busy = True
-                try:
-                    spec = importlib.util.find_spec(name)
-                finally:
-                    self.busy = False
-                exec_module = spec.loader.exec_module
-                breaker = _TARGETS.pop(name)
-
-                def exec_then_break(module):
-                    exec_module(module)
-                    breaker(module)
-
-                spec.loader.exec_module = exec_then_break
-                return spec
-
-
-        sys.meta_path.insert(0, _BreakOnImport())
-    ''')
-
 
 # the API server takes the OpenAI `user` field for the rate-limit user (a careless gateway or patch)
 TRUSTS_USER_FIELD = '''

@@ -261,6 +261,10 @@ def test_run_completes_and_writes_the_run_folder(small_run) -> None:
     stock_log = (run_dir / "engines" / "stock-sync" / "engine.log").read_text()
     assert "output-rate" not in stock_log and "output_rate" not in stock_log
     assert "output-rate engine events" in (run_dir / "engines" / "patched-sync" / "engine.log").read_text()
+    # promise 7 without an engine: the limiter-off scheduler against upstream's, step by step
+    feature_off = json.loads((run_dir / "feature-off.json").read_text())
+    assert feature_off["error"] is None and len(feature_off["configs"]) == 12
+    assert all(c["identical"] for c in feature_off["configs"])
 
 
 def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
@@ -274,7 +278,7 @@ def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
     # where the time went: preparation, engines, each scenario
     stages = m["stage_s"]
     assert {"prepare (patch, model)", "engines start", "engines warm-up", "engines stop",
-            "scenario kv-pressure", "scenario overhead"} <= set(stages), stages
+            "scenario kv-pressure", "scenario overhead", "feature off against upstream"} <= set(stages), stages
     assert all(v >= 0 for v in stages.values()) and stages["engines start"] > 1
     e = m["engines"]
     assert (e["stock-sync"]["kind"], e["stock-sync"]["feature"]) == ("stock", False)
@@ -518,7 +522,8 @@ def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small
     for c in verdict.checks:
         by_name[c.name].append(c)
     for name in ("identity", "even-spacing-dispatch", "even-spacing-emit", "wait-cpu", "wake-first-token",
-                 "wake-abort", "kv-pressure-applied", "stream-wait", "place-share", "place-share-jain"):
+                 "wake-abort", "kv-pressure-applied", "stream-wait", "place-share", "place-share-jain",
+                 "feature-off-upstream"):
         # every one judged passes (a row where the engine, not the budget, limited the user is not judged)
         assert any(c.passed for c in by_name[name]), f"no {name} check judged"
         assert all(c.passed is not False for c in by_name[name]), [c.explanation for c in by_name[name]

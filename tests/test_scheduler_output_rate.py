@@ -827,32 +827,10 @@ def test_with_the_cap_binding_a_step_holds_only_its_places_in_running(async_sche
 
 
 def _pristine_scheduler_classes():
-    """Upstream Scheduler and AsyncScheduler, built from the pristine sources that
-    ratebench's patch series reverts to (in memory, nothing on disk changes)."""
-    import importlib.util
-    import sys
-    import types
-    from pathlib import Path
+    """Upstream Scheduler and AsyncScheduler, from the pristine sources (what a run compares against)."""
+    from ratebench.upstream_replay import pristine_scheduler_classes
 
-    import vllm
-
-    from ratebench.patching import read_pristine_files
-
-    pristine = read_pristine_files()
-    source = pristine["vllm/v1/core/sched/scheduler.py"].decode()
-    mod = types.ModuleType("ratebench_pristine_scheduler")
-    mod.__file__ = "<pristine vllm/v1/core/sched/scheduler.py>"
-    sys.modules[mod.__name__] = mod
-    exec(compile(source, mod.__file__, "exec"), mod.__dict__)
-    async_path = Path(vllm.__file__).parent / "v1/core/sched/async_scheduler.py"
-    async_source = async_path.read_text().replace(
-        "from vllm.v1.core.sched.scheduler import Scheduler",
-        "from ratebench_pristine_scheduler import Scheduler",
-    )
-    amod = types.ModuleType("ratebench_pristine_async_scheduler")
-    exec(compile(async_source, str(async_path), "exec"), amod.__dict__)
-    assert importlib.util.find_spec("vllm") is not None
-    return mod.Scheduler, amod.AsyncScheduler
+    return pristine_scheduler_classes()
 
 
 def _random_workload(seed: int):

@@ -227,6 +227,11 @@ CHECKS: dict[str, CheckMeaning] = {
                              "allowed against the limiter off or stock vLLM",
                              "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "
                              "plot; verdict.json, overheads: each round", also=("7",)),
+    "feature-off-upstream": CheckMeaning("7", "with the limiter off, the installed scheduler did not schedule as "
+                                         "upstream's on the same requests (another order, another request, "
+                                         "another preemption), or could not be compared",
+                                         "feature-off.json: each configuration's first differing step, both "
+                                         "values"),
     "event-recording": CheckMeaning("events", "recording engine events costs more throughput than allowed",
                                     "report.md, Overhead: the feature-on/feature-on-no-events rounds"),
     "identity": CheckMeaning("identity", "a charge went to another user than the request's output_rate_user "
