@@ -18,6 +18,7 @@ import secrets
 import shutil
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -133,24 +134,36 @@ class Run:
         self.engine_set.model_path, self.model_dir = choice.path, choice.local_dir
         self.manifest.data["model_path"] = choice.path
 
-    def compare_feature_off(self) -> None:
-        """Promise 7: the installed scheduler with the limiter off against upstream's, step by step, in a
-        child process with the engines' environment (``ratebench.upstream_replay``: feature-off.json)."""
+    def check_before_engines(self) -> None:
+        """What needs no engine, each in a child process with the engines' environment: promise 7, the
+        installed scheduler with the limiter off against upstream's step by step
+        (``ratebench.upstream_replay``: feature-off.json), and the limiter's flags through ``vllm
+        serve``'s parser and config (``ratebench.flagcheck``: flags.json). verify-bound judges both."""
+        from ratebench.flagcheck import FILE as FLAGS_FILE
+        from ratebench.flagcheck import run_flag_check
         from ratebench.upstream_replay import FILE, run_replay
 
-        self.console.print("[bold]feature off[/]: the installed scheduler with the limiter off against upstream's, "
-                           "step by step")
+        env = self.profile.engine.env
+        self.console.print("[bold]before the engines[/]: the installed scheduler with the limiter off against "
+                           "upstream's, step by step; malformed limiter flags through vllm serve's parser and config")
         t0 = time.monotonic()
-        result = run_replay(self.run_dir, self.profile.engine.env)
-        self.add_stage("feature off against upstream", time.monotonic() - t0)
+        with ThreadPoolExecutor(max_workers=2) as pool:  # two child processes, side by side
+            replay = pool.submit(run_replay, self.run_dir, env)
+            flag_check = pool.submit(run_flag_check, self.run_dir, env)
+            result, flags = replay.result(), flag_check.result()
+        self.add_stage("before the engines (feature off, flags)", time.monotonic() - t0)
         parted = [c for c in result.get("configs", []) if not c.get("identical")]
         if result.get("error"):
             self.console.print(f"[bold red]feature off[/]: could not compare ({result['error']}); {FILE}")
         elif parted:
             self.console.print(f"[bold red]feature off[/]: {len(parted)} of {len(result['configs'])} "
                                f"configurations parted from upstream; {FILE}")
-
-    # ---- the run ----------------------------------------------------------------------
+        bad = [c for c in flags.get("cases", []) if not c.get("ok")]
+        if flags.get("error"):
+            self.console.print(f"[bold red]flags[/]: could not check ({flags['error']}); {FLAGS_FILE}")
+        elif bad:
+            self.console.print(f"[bold red]flags[/]: {len(bad)} of {len(flags['cases'])} cases not as promised; "
+                               f"{FLAGS_FILE}")
 
     def scenarios_to_run(self):
         specs, skipped = scenarios_for(self.profile, self.options.endpoint)
@@ -221,7 +234,7 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
         run.prepare()
         run.add_stage("prepare (patch, model)", time.monotonic() - t0)
         if options.endpoint is None and options.use_patch:
-            run.compare_feature_off()
+            run.check_before_engines()
         run.execute()
     except KeyboardInterrupt:
         state, reason, code = "partial", "interrupted (SIGINT or SIGTERM)", EXIT_INTERRUPTED

@@ -127,6 +127,16 @@ def set_async_scheduling(run_dir: Path, engine: str) -> None:
         w.write_block(ev.records)
 
 
+def write_flags_as_promised(run_dir: Path) -> None:
+    """The flags.json of a run whose malformed limiter flags were all refused naming their flag, the valid
+    ones kept (what ratebench.flagcheck writes for the patch as shipped, without running it)."""
+    from ratebench.flagcheck import CASES, FILE
+
+    cases = [dict(name=name, flags=flags, must_name=names, ok=True, refused=names is not None,
+                  stage="arguments" if names else None, why="as promised") for name, flags, names in CASES]
+    (Path(run_dir) / FILE).write_text(json.dumps({"version": 1, "cases": cases, "error": None}))
+
+
 def all_promises_run(run_dir: Path, *, waiting: bool = True, max_tokens: int = 60) -> Path:
     """A run whose phases exercise every promise the verdict counts: the seed experiment on a sync and an
     async limiter-on engine, isolation, cancellation, the waiting scenario (``waiting``: its idle, busy and
@@ -168,6 +178,7 @@ def all_promises_run(run_dir: Path, *, waiting: bool = True, max_tokens: int = 6
     engines = [sync, asyn, *(e for e in roles.values() if e is not sync)]
     run = write_run_folder(run_dir, engines, phases)
     set_async_scheduling(run, asyn.name)
+    write_flags_as_promised(run)
     if waiting:
         # the EngineCore's CPU time: an idle engine keeps 0.01 CPUs busy, a step costs 2 ms, waiting adds nothing
         def cpu(entries):

@@ -135,7 +135,7 @@ def _first_lines(run: Path, verdict) -> dict[str, str]:
 def test_a_run_without_waiting_checks_says_so_on_the_first_line_of_every_output(without_waiting):
     run, verdict = without_waiting
     assert verdict.passed and exit_code(verdict) == EXIT_PASSED  # an unexercised promise is no failure
-    want = "PASS, 11 of 12 promises exercised; not exercised: waiting costs nothing"
+    want = "PASS, 12 of 13 promises exercised; not exercised: waiting costs nothing"
     assert _first_lines(run, verdict) == dict.fromkeys(("console", "report.md", "report.html", "verdict.json"), want)
     lines = rendered(verdict, width=400).splitlines()
     assert "not exercised waiting costs nothing: none of its checks was made (wait-cpu, wait-steps, " \
@@ -162,7 +162,7 @@ def test_a_run_that_exercises_everything_says_so(tmp_path):
     run = all_promises_run(tmp_path / "run")
     verdict = verify_run(run, Thresholds(max_overhead=0.5), plots=False)
     assert verdict.passed
-    want = "PASS, 12 of 12 promises exercised"
+    want = "PASS, 13 of 13 promises exercised"
     assert _first_lines(run, verdict) == dict.fromkeys(("console", "report.md", "report.html", "verdict.json"), want)
     assert all(p["exercised"] for p in json.loads((run / "verdict.json").read_text())["promises"])
 
@@ -188,8 +188,8 @@ def test_information_only_checks_exercise_nothing(good_verdict):
     # the standard run: sync engines only, no waiting scenario, the overhead reported without a threshold
     coverage = {p.name: p for p in promise_coverage(good_verdict)}
     assert coverage["overhead"].how == "its checks were information only (overhead)"
-    assert headline(good_verdict) == ("PASS, 9 of 12 promises exercised; not exercised: sync and async "
-                                      "scheduling, waiting costs nothing, overhead")
+    assert headline(good_verdict) == ("PASS, 9 of 13 promises exercised; not exercised: sync and async "
+                                      "scheduling, flags refused at start-up, waiting costs nothing, overhead")
 
 
 def test_a_fail_names_the_broken_promises_first(broken_verdict):

@@ -265,6 +265,8 @@ def test_run_completes_and_writes_the_run_folder(small_run) -> None:
     feature_off = json.loads((run_dir / "feature-off.json").read_text())
     assert feature_off["error"] is None and len(feature_off["configs"]) == 12
     assert all(c["identical"] for c in feature_off["configs"])
+    flags = json.loads((run_dir / "flags.json").read_text())
+    assert flags["error"] is None and flags["cases"] and all(c["ok"] for c in flags["cases"])
 
 
 def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
@@ -278,7 +280,7 @@ def test_manifest_records_versions_machine_and_each_engine(small_run) -> None:
     # where the time went: preparation, engines, each scenario
     stages = m["stage_s"]
     assert {"prepare (patch, model)", "engines start", "engines warm-up", "engines stop",
-            "scenario kv-pressure", "scenario overhead", "feature off against upstream"} <= set(stages), stages
+            "scenario kv-pressure", "scenario overhead", "before the engines (feature off, flags)"} <= set(stages), stages
     assert all(v >= 0 for v in stages.values()) and stages["engines start"] > 1
     e = m["engines"]
     assert (e["stock-sync"]["kind"], e["stock-sync"]["feature"]) == ("stock", False)
@@ -523,7 +525,7 @@ def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small
         by_name[c.name].append(c)
     for name in ("identity", "even-spacing-dispatch", "even-spacing-emit", "wait-cpu", "wake-first-token",
                  "wake-abort", "kv-pressure-applied", "stream-wait", "place-share", "place-share-jain",
-                 "feature-off-upstream"):
+                 "feature-off-upstream", "flags-refused"):
         # every one judged passes (a row where the engine, not the budget, limited the user is not judged)
         assert any(c.passed for c in by_name[name]), f"no {name} check judged"
         assert all(c.passed is not False for c in by_name[name]), [c.explanation for c in by_name[name]

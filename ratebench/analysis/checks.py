@@ -7,7 +7,7 @@ import numpy as np
 from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.fairness import jain_index
-from ratebench.analysis.featureoff import feature_off_checks
+from ratebench.analysis.prestart import feature_off_checks, flag_checks
 from ratebench.analysis.fleet import cut_by_failover, fleet_phases
 from ratebench.analysis.isolation import Binding, fleet_isolation_checks, isolation_checks, phase_binding
 from ratebench.analysis.lateness import lateness_checks
@@ -147,6 +147,7 @@ def build_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             checks.append(_stream_fairness(row, bindings[p_index], th, ids))
     checks.extend(_engines_as_asked(run))
     checks.extend(feature_off_checks(run))
+    checks.extend(flag_checks(run))
     checks.extend(_identity(run, s))
     checks.extend(_waiting(s, th))
     checks.extend(_budget_waits(run, s, th))

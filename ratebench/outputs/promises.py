@@ -2,8 +2,9 @@
 and which promises a run exercised.
 
 One table (``CHECKS``) that the console, report.md, report.html and verdict.json all use. The
-promises are docs/promise.md section 1's, numbered 1 to 7, and section 5's identity, waiting costs
-nothing, reconciliation, two witnesses and overhead: the twelve the verdict counts
+promises are docs/promise.md section 1's, numbered 1 to 7, its flags refused at start-up, and section
+5's identity, waiting costs nothing, reconciliation, two witnesses and overhead: the thirteen the
+verdict counts
 (``VERDICT_PROMISES``). "events" (recording events costs little, section 4) and "replay" (a trace
 reached the engine on time) judge the run's instruments, not the limiter: their failures are
 grouped like a promise's, but the verdict does not count them.
@@ -32,6 +33,9 @@ PROMISES: dict[str, str] = {
     "7": "with --default-user-output-tokens-per-second unset the feature is off and the scheduler behaves as "
          "upstream",
     "identity": "each charge goes to the request's output_rate_user, or to __anonymous__ without one",
+    "flags": "malformed limiter flags (a rate that is not a positive integer, per-user rates that are not a JSON "
+             "object of positive integers, per-user rates without a default) are refused at start-up with a "
+             "message that names the flag",
     "waiting": "waiting costs nothing: the engine blocks on its input queue while every request is throttled "
                "and wakes at once for a new request or an abort",
     "reconciliation": "for every finished request usage.completion_tokens = tokens streamed = tokens the engine "
@@ -54,6 +58,7 @@ PROMISE_NAMES: dict[str, str] = {
     "6": "the bound",
     "7": "feature off = upstream",
     "identity": "identity",
+    "flags": "flags refused at start-up",
     "waiting": "waiting costs nothing",
     "reconciliation": "reconciliation",
     "witness": "two witnesses",
@@ -63,8 +68,8 @@ PROMISE_NAMES: dict[str, str] = {
 }
 
 # the promises the verdict counts as exercised or not, in this order (docs/promise.md sections 1 and 5)
-VERDICT_PROMISES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7", "identity", "waiting", "reconciliation",
-                                     "witness", "overhead")
+VERDICT_PROMISES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7", "flags", "identity", "waiting",
+                                     "reconciliation", "witness", "overhead")
 
 # where-to-look texts: {plot} is the phase's plot, {events} the engine's event file
 _UPPER = "{plot}, the user's panel: red, slack under the bound over time, its tightest window shaded"
@@ -227,6 +232,10 @@ CHECKS: dict[str, CheckMeaning] = {
                              "allowed against the limiter off or stock vLLM",
                              "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "
                              "plot; verdict.json, overheads: each round", also=("7",)),
+    "flags-refused": CheckMeaning("flags", "a malformed limiter flag was accepted, or refused without naming the "
+                                  "flag, or valid flags did not reach the scheduler's config as given",
+                                  "flags.json: each case, how it was refused (arguments or engine config) and the "
+                                  "message"),
     "feature-off-upstream": CheckMeaning("7", "with the limiter off, the installed scheduler did not schedule as "
                                          "upstream's on the same requests (another order, another request, "
                                          "another preemption), or could not be compared",
@@ -393,7 +402,7 @@ def broken_promises(verdict: Verdict) -> list[str]:
 
 
 def promise_clause(verdict: Verdict, coverage: list[PromiseCoverage] | None = None) -> str:
-    """'10 of 12 promises exercised; not exercised: waiting costs nothing, sync and async scheduling'."""
+    """'10 of 13 promises exercised; not exercised: waiting costs nothing, sync and async scheduling'."""
     coverage = promise_coverage(verdict) if coverage is None else coverage
     done = sum(p.exercised for p in coverage)
     text = f"{done} of {len(coverage)} promises exercised"
@@ -402,8 +411,8 @@ def promise_clause(verdict: Verdict, coverage: list[PromiseCoverage] | None = No
 
 
 def headline(verdict: Verdict, coverage: list[PromiseCoverage] | None = None) -> str:
-    """The verdict's first line: 'PASS, 12 of 12 promises exercised'; 'PASS, 11 of 12 promises exercised;
-    not exercised: waiting costs nothing'; 'FAIL, broken: the bound; 12 of 12 promises exercised'."""
+    """The verdict's first line: 'PASS, 13 of 13 promises exercised'; 'PASS, 12 of 13 promises exercised;
+    not exercised: waiting costs nothing'; 'FAIL, broken: the bound; 13 of 13 promises exercised'."""
     if not verdict.failures:
         return f"{verdict.outcome}, {promise_clause(verdict, coverage)}"
     broken = ", ".join(promise_name(k) if k != "?" else "no promise on record" for k in broken_promises(verdict))

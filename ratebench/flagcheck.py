@@ -1,0 +1,141 @@
+"""The limiter's flags (docs/promise.md section 1): a malformed rate, malformed per-user rates, or
+per-user rates without a default are refused at start-up with a message that names the flag; valid
+flags reach the scheduler's config as given.
+
+Before its engines start, ``ratebench run`` puts each case through what ``vllm serve`` runs first: the
+real ``vllm serve`` argument parser (a refusal is argparse's exit 2 with its message on stderr), then,
+for what parses, the engine config built from those arguments on the tiny model (what the server
+builds before it loads weights: a refusal is the exception it raises). It runs in a child process with
+the engines' environment, as :mod:`ratebench.upstream_replay` does, and writes ``flags.json``;
+verify-bound's ``flags-refused`` check judges it (every case as expected).
+
+    python -m ratebench.flagcheck OUT.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+FILE = "flags.json"
+DEFAULT_FLAG = "--default-user-output-tokens-per-second"
+USER_FLAG = "--user-output-tokens-per-second"
+TIMEOUT_S = 300
+
+# (name, flags, the flag its refusal must name; None: must be accepted, with these rates in the config)
+CASES: list[tuple[str, list[str], str | None]] = [
+    ("a rate of zero", [DEFAULT_FLAG, "0"], DEFAULT_FLAG),
+    ("a negative rate", [f"{DEFAULT_FLAG}=-3"], DEFAULT_FLAG),
+    ("a fractional rate", [DEFAULT_FLAG, "1.5"], DEFAULT_FLAG),
+    ("a rate that is no number", [DEFAULT_FLAG, "fast"], DEFAULT_FLAG),
+    ("per-user rates that are no JSON", [DEFAULT_FLAG, "10", USER_FLAG, '{"a": 1'], USER_FLAG),
+    ("per-user rates that are no object", [DEFAULT_FLAG, "10", USER_FLAG, "[1, 2]"], USER_FLAG),
+    ("a per-user rate of zero", [DEFAULT_FLAG, "10", USER_FLAG, '{"a": 0}'], USER_FLAG),
+    ("a fractional per-user rate", [DEFAULT_FLAG, "10", USER_FLAG, '{"a": 2.5}'], USER_FLAG),
+    ("a per-user rate given as a string", [DEFAULT_FLAG, "10", USER_FLAG, '{"a": "5"}'], USER_FLAG),
+    ("per-user rates without a default", [USER_FLAG, '{"a": 5}'], USER_FLAG),
+    ("valid flags", [DEFAULT_FLAG, "10", USER_FLAG, '{"a": 5, "b": 2000}'], None),
+]
+VALID_RATES = (10, {"a": 5, "b": 2000})
+
+
+def _try(parser, model: str, flags: list[str]) -> dict[str, Any]:
+    """What ``vllm serve MODEL FLAGS`` does with the flags before it loads weights."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            args = parser.parse_args(["--model", model, "--skip-tokenizer-init", "--dtype", "float32",
+                                      "--max-model-len", "1024", *flags])
+    except SystemExit as exc:
+        return dict(refused=True, stage="arguments", exit_code=exc.code, message=stderr.getvalue().strip()[-600:])
+    try:
+        config = EngineArgs.from_cli_args(args).create_engine_config()
+    except Exception as exc:  # noqa: BLE001 - any refusal at start-up counts; its message is judged
+        return dict(refused=True, stage="engine config", exit_code=None,
+                    message=f"{type(exc).__name__}: {exc}"[-600:])
+    sc = config.scheduler_config
+    return dict(refused=False, stage=None, exit_code=None, message=None,
+                default_tps=getattr(sc, "default_user_output_tokens_per_second", None),
+                user_tps=getattr(sc, "user_output_tokens_per_second", None))
+
+
+def check_all() -> dict[str, Any]:
+    """Every case through the parser and the config: the content of ``flags.json``."""
+    import logging
+
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from ratebench.tinymodel import ensure_tiny_model
+
+    for name in ("vllm", "vllm.config"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    t0 = time.monotonic()
+    model = str(ensure_tiny_model())
+    parser = make_arg_parser(FlexibleArgumentParser())
+    cases = []
+    for name, flags, names in CASES:
+        got = _try(parser, model, flags)
+        if names is None:
+            ok = (not got["refused"] and got.get("default_tps") == VALID_RATES[0]
+                  and got.get("user_tps") == VALID_RATES[1])
+            why = ("accepted, the rates in the scheduler's config as given" if ok else
+                   f"refused: {got['message']}" if got["refused"] else
+                   f"accepted, but the config holds default {got.get('default_tps')!r} and per-user "
+                   f"{got.get('user_tps')!r}, where {VALID_RATES[0]} and {VALID_RATES[1]} were given")
+        else:
+            ok = got["refused"] and names in (got["message"] or "")
+            why = (f"refused ({got['stage']}), naming {names}" if ok else
+                   f"refused ({got['stage']}) without naming {names}: {got['message']}" if got["refused"] else
+                   f"accepted (default {got.get('default_tps')!r}, per-user {got.get('user_tps')!r})")
+        cases.append(dict(name=name, flags=flags, must_name=names, ok=ok, why=why, **got))
+    return dict(version=1, cases=cases, seconds=round(time.monotonic() - t0, 2), error=None)
+
+
+def run_flag_check(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Check in a child process with the engines' environment; write ``flags.json`` (atomically) into
+    ``run_dir`` and return its content (a child that fails is recorded as an error)."""
+    from ratebench._io import atomic_write_json
+
+    tmp = Path(run_dir) / (FILE + ".child")
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    try:
+        proc = subprocess.run([sys.executable, "-m", "ratebench.flagcheck", str(tmp)], env=child_env,
+                              capture_output=True, text=True, timeout=TIMEOUT_S)
+        if proc.returncode == 0 and tmp.is_file():
+            result = json.loads(tmp.read_text())
+        else:
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-12:]
+            result = dict(version=1, cases=[], error=f"the check exited with code {proc.returncode}: "
+                                                     + " | ".join(tail))
+    except subprocess.TimeoutExpired:
+        result = dict(version=1, cases=[], error=f"the check did not finish within {TIMEOUT_S} s")
+    finally:
+        tmp.unlink(missing_ok=True)
+    atomic_write_json(Path(run_dir) / FILE, result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m ratebench.flagcheck OUT.json", file=sys.stderr)
+        return 2
+    from ratebench._io import atomic_write_json
+
+    atomic_write_json(args[0], check_all())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
