@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -102,39 +99,17 @@ def check_all() -> dict[str, Any]:
 
 
 def run_flag_check(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Check in a child process with the engines' environment; write ``flags.json`` (atomically) into
-    ``run_dir`` and return its content (a child that fails is recorded as an error)."""
-    from ratebench._io import atomic_write_json
+    """Check in a child process with the engines' environment; ``flags.json`` in ``run_dir``
+    (:func:`ratebench.prestart.run_child`)."""
+    from ratebench.prestart import run_child
 
-    tmp = Path(run_dir) / (FILE + ".child")
-    child_env = dict(os.environ)
-    child_env.update(env or {})
-    try:
-        proc = subprocess.run([sys.executable, "-m", "ratebench.flagcheck", str(tmp)], env=child_env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-        if proc.returncode == 0 and tmp.is_file():
-            result = json.loads(tmp.read_text())
-        else:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-12:]
-            result = dict(version=1, cases=[], error=f"the check exited with code {proc.returncode}: "
-                                                     + " | ".join(tail))
-    except subprocess.TimeoutExpired:
-        result = dict(version=1, cases=[], error=f"the check did not finish within {TIMEOUT_S} s")
-    finally:
-        tmp.unlink(missing_ok=True)
-    atomic_write_json(Path(run_dir) / FILE, result)
-    return result
+    return run_child("ratebench.flagcheck", run_dir, FILE, env, TIMEOUT_S, "cases")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m ratebench.flagcheck OUT.json", file=sys.stderr)
-        return 2
-    from ratebench._io import atomic_write_json
+    from ratebench.prestart import child_main
 
-    atomic_write_json(args[0], check_all())
-    return 0
+    return child_main(argv, "ratebench.flagcheck", check_all)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import secrets
 import shutil
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,6 +56,8 @@ class RunOptions:
     use_patch: bool = True  # False: development on stock vLLM (limiter flags left out)
     verify: bool = True
     live: bool = True
+    # promise 7 and the flags, checked with no engine before the engines start (ratebench.prestart)
+    check_before_engines: bool = True
 
 
 @dataclass
@@ -135,35 +136,12 @@ class Run:
         self.manifest.data["model_path"] = choice.path
 
     def check_before_engines(self) -> None:
-        """What needs no engine, each in a child process with the engines' environment: promise 7, the
-        installed scheduler with the limiter off against upstream's step by step
-        (``ratebench.upstream_replay``: feature-off.json), and the limiter's flags through ``vllm
-        serve``'s parser and config (``ratebench.flagcheck``: flags.json). verify-bound judges both."""
-        from ratebench.flagcheck import FILE as FLAGS_FILE
-        from ratebench.flagcheck import run_flag_check
-        from ratebench.upstream_replay import FILE, run_replay
+        """Promise 7 and the limiter's flags, with no engine (``ratebench.prestart``)."""
+        from ratebench.prestart import check_before_engines
 
-        env = self.profile.engine.env
-        self.console.print("[bold]before the engines[/]: the installed scheduler with the limiter off against "
-                           "upstream's, step by step; malformed limiter flags through vllm serve's parser and config")
         t0 = time.monotonic()
-        with ThreadPoolExecutor(max_workers=2) as pool:  # two child processes, side by side
-            replay = pool.submit(run_replay, self.run_dir, env)
-            flag_check = pool.submit(run_flag_check, self.run_dir, env)
-            result, flags = replay.result(), flag_check.result()
+        check_before_engines(self.run_dir, self.profile.engine.env, self.console)
         self.add_stage("before the engines (feature off, flags)", time.monotonic() - t0)
-        parted = [c for c in result.get("configs", []) if not c.get("identical")]
-        if result.get("error"):
-            self.console.print(f"[bold red]feature off[/]: could not compare ({result['error']}); {FILE}")
-        elif parted:
-            self.console.print(f"[bold red]feature off[/]: {len(parted)} of {len(result['configs'])} "
-                               f"configurations parted from upstream; {FILE}")
-        bad = [c for c in flags.get("cases", []) if not c.get("ok")]
-        if flags.get("error"):
-            self.console.print(f"[bold red]flags[/]: could not check ({flags['error']}); {FLAGS_FILE}")
-        elif bad:
-            self.console.print(f"[bold red]flags[/]: {len(bad)} of {len(flags['cases'])} cases not as promised; "
-                               f"{FLAGS_FILE}")
 
     def scenarios_to_run(self):
         specs, skipped = scenarios_for(self.profile, self.options.endpoint)
@@ -233,7 +211,7 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
         t0 = time.monotonic()
         run.prepare()
         run.add_stage("prepare (patch, model)", time.monotonic() - t0)
-        if options.endpoint is None and options.use_patch:
+        if options.endpoint is None and options.use_patch and options.check_before_engines:
             run.check_before_engines()
         run.execute()
     except KeyboardInterrupt:

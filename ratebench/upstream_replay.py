@@ -30,9 +30,7 @@ It runs in a child process with the limiter-off engine's environment (``[engine]
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -221,41 +219,17 @@ def compare_all() -> dict[str, Any]:
 
 
 def run_replay(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Compare in a child process with the limiter-off engine's environment; write ``feature-off.json``
-    (atomically) into ``run_dir`` and return its content. A child that fails is recorded as an error
-    (the check fails on it), never left out."""
-    from ratebench._io import atomic_write_json
+    """Compare in a child process with the engines' environment; ``feature-off.json`` in ``run_dir``
+    (:func:`ratebench.prestart.run_child`)."""
+    from ratebench.prestart import run_child
 
-    out = Path(run_dir) / FILE
-    tmp = Path(run_dir) / (FILE + ".child")
-    child_env = dict(os.environ)
-    child_env.update(env or {})
-    try:
-        proc = subprocess.run([sys.executable, "-m", "ratebench.upstream_replay", str(tmp)], env=child_env,
-                              capture_output=True, text=True, timeout=TIMEOUT_S)
-        if proc.returncode == 0 and tmp.is_file():
-            result = json.loads(tmp.read_text())
-        else:
-            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-12:]
-            result = dict(version=1, configs=[], error=f"the comparison exited with code {proc.returncode}: "
-                                                         + " | ".join(tail))
-    except subprocess.TimeoutExpired:
-        result = dict(version=1, configs=[], error=f"the comparison did not finish within {TIMEOUT_S} s")
-    finally:
-        tmp.unlink(missing_ok=True)
-    atomic_write_json(out, result)
-    return result
+    return run_child("ratebench.upstream_replay", run_dir, FILE, env, TIMEOUT_S, "configs")
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m ratebench.upstream_replay OUT.json", file=sys.stderr)
-        return 2
-    from ratebench._io import atomic_write_json
+    from ratebench.prestart import child_main
 
-    atomic_write_json(args[0], compare_all())
-    return 0
+    return child_main(argv, "ratebench.upstream_replay", compare_all)
 
 
 if __name__ == "__main__":

@@ -290,3 +290,36 @@ def test_verify_bound_takes_the_clock_slack_in_microseconds(tmp_path):
     assert CliRunner().invoke(app, ["verify-bound", str(run), "--no-plots"]).exit_code == 0
     strict = CliRunner().invoke(app, ["verify-bound", str(run), "--no-plots", "--witness-clock-us", "1"])
     assert strict.exit_code == 1, strict.output
+
+
+# ---- an output path that holds tokens back ------------------------------------------------------------
+
+
+def test_tokens_held_back_and_delivered_in_clumps_fail_witness_delivery(tmp_path):
+    """The engine's emits are even and true, but what reaches the client comes in clumps every half second
+    (an output path that holds tokens back): the client gets ten tokens at once where the limit allows a
+    burst of three. bound-client alone cannot see it (its windows widen by the delivery spread it
+    measures); the spread itself is judged."""
+    run = one_phase_run(tmp_path / "run", limit_tps=20, streams=2, max_tokens=60)
+    step = 500_000_000
+
+    def clump(records):
+        for r in records:
+            r.chunk_ns = [-(-t // step) * step for t in r.chunk_ns]  # held until the next half second
+            if r.chunk_ns:
+                r.first_token_ns = r.chunk_ns[0]
+                r.done_ns = max(r.done_ns or 0, r.chunk_ns[-1])
+
+    edit_client_records(run, clump)
+    verdict = analyse_run(run).verdict
+    assert {name for name, _ in failed(verdict)} == {"witness-delivery"}, verdict.summary()
+    delivery = check(verdict, "witness-delivery")
+    assert 400 < delivery.figure <= 500, delivery.explanation
+    assert check(verdict, "bound-client").passed  # the spread it widens by hides the clumps
+    assert check(verdict, "witness-order").passed
+
+
+def test_a_truthful_run_delivers_within_the_spread(tmp_path):
+    verdict = lying_run(tmp_path, None)
+    delivery = check(verdict, "witness-delivery")
+    assert delivery.passed and delivery.figure == 0, delivery.explanation  # 1 ms after every emit

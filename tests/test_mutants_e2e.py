@@ -321,8 +321,11 @@ def _run_broken(tmp_path, targets: dict[str, str], scenario: str, mode: str = "s
     pythonpath = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p)
     path = tmp_path / "broken.toml"
     path.write_text(_PROFILE_HEAD.format(pythonpath=pythonpath, mode=mode, max_engines=max_engines) + scenario)
+    # the checks made before the engines start (promise 7, the flags) have their own broken limiters
+    # (tests/test_feature_off_replay.py, tests/test_flag_check.py): left out here, 14 s a run
     outcome = run_profile(load_profile(str(path)), RunOptions(results_dir=tmp_path / "results", verify=True,
-                                                              live=False), console=Console(stderr=True))
+                                                              live=False, check_before_engines=False),
+                          console=Console(stderr=True))
     logs = "".join(p.read_text(errors="replace") for p in (outcome.run_dir / "engines").glob("*/engine.log"))
     assert MARKER_ENGINE in logs, "the broken engine was not injected"
     assert outcome.verdict is not None, outcome.reason
@@ -557,3 +560,46 @@ def test_a_real_engine_with_a_burst_its_recorder_smooths_away_fails_the_client_w
     assert {("witness-order", "user-a"), ("bound-client", "user-a")} <= failed, verdict.summary()
     # on its own file the user looks served evenly at its limit: the bound holds there
     assert not {("bound-dispatch", "user-a"), ("bound-emit", "user-a")} & failed, verdict.summary()
+
+
+# the EngineCore's output thread gets what the engine sends in clumps: each output waits for the next
+# half-second mark (the scheduler, its charges and its event file untouched: emits stay even and true)
+CLUMPED_OUTPUTS = '''
+cls = module.EngineCoreProc
+shipped_init = cls.__init__
+
+def init_clumping_outputs(self, *args, **kwargs):
+    shipped_init(self, *args, **kwargs)
+    out_q = self.output_queue
+    shipped_get = out_q.get
+    mark = [0.0]  # the last half-second mark a clump left at
+
+    def get_in_clumps(*a, **k):
+        item = shipped_get(*a, **k)
+        if isinstance(item, tuple) and item[0] >= 0:  # a client's outputs (not stats, not the end)
+            now = time.monotonic()
+            if now >= mark[0] + 0.02:  # not part of the clump leaving now: held to the next mark
+                mark[0] = (now // 0.5 + 1) * 0.5
+                time.sleep(mark[0] - now)
+        return item
+
+    out_q.get = get_in_clumps
+    print("ratebench test mutant: outputs held back in clumps", file=sys.stderr, flush=True)
+
+cls.__init__ = init_clumping_outputs
+'''
+
+
+def test_a_real_engine_that_holds_outputs_back_in_clumps_fails_witness_delivery(tmp_path, tiny_model):
+    """The engine schedules, charges and records as shipped, but its output thread hands the API server
+    each output at the next half-second mark: the client gets a user's tokens in clumps the event file
+    does not show. Every check made on the file passes, and bound-client too (its windows widen by the
+    delivery spread it measures); the spread is judged (witness-delivery)."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": CLUMPED_OUTPUTS}, _SEED)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "outputs held back in clumps" in logs, "the output path was not changed"
+    failed = _failed(verdict)
+    assert ("witness-delivery", "user-a") in failed, verdict.summary()
+    assert {name for name, _ in failed} <= {"witness-delivery"}, verdict.summary()
+    worst = max(c.figure for c in verdict.failures)
+    assert worst > 300, verdict.summary()

@@ -833,90 +833,12 @@ def _pristine_scheduler_classes():
     return pristine_scheduler_classes()
 
 
-def _random_workload(seed: int):
-    rng = random.Random(seed)
-    arrivals = []
-    for i in range(60):
-        arrivals.append(
-            dict(
-                step=rng.randrange(0, 150),
-                id=f"q{i}",
-                user=rng.choice(["a", "b", None]),
-                prompt_len=rng.choice([5, 16, 40, 100, 300]),
-                max_tokens=rng.randrange(1, 60),
-                priority=rng.randrange(0, 2),
-                abort_after=rng.choice([None, None, None, rng.randrange(1, 30)]),
-            )
-        )
-    return arrivals
-
-
 def _trace(scheduler_cls, async_scheduling: bool, seed: int, policy: str):
-    clock = FakeClock()
-    s = create_scheduler(
-        default_tps=None,
-        max_num_seqs=12,
-        max_num_active_seqs=6,
-        max_num_batched_tokens=128,
-        num_blocks=40,
-        block_size=16,
-        policy=policy,
-        async_scheduling=async_scheduling,
-        enable_prefix_caching=True,
-        clock=clock,
-        scheduler_cls=scheduler_cls,
-    )
-    e = Engine(s, clock, step_s=0.01)
-    workload = _random_workload(seed)
-    trace = []
-    aborts: dict[int, list[str]] = {}
-    # what update_from_output tells the engine core: per request, its new tokens and how it finished
-    outputs: list = []
-    update = s.update_from_output
+    """(each step's schedule, each update's outputs) of a scheduler class (None: the installed one) with the
+    limiter off, on the workload a run compares with (ratebench.upstream_replay)."""
+    from ratebench.upstream_replay import trace
 
-    def update_and_record(*args, **kwargs):
-        result = update(*args, **kwargs)
-        outputs.append([(o.request_id, list(o.new_token_ids), o.finish_reason, o.stop_reason)
-                        for eco in result.values() for o in eco.outputs])
-        return result
-
-    s.update_from_output = update_and_record
-    for step in range(250):
-        for w in workload:
-            if w["step"] == step:
-                e.add(
-                    make_request(
-                        w["id"],
-                        user=w["user"],
-                        prompt_len=w["prompt_len"],
-                        max_tokens=w["max_tokens"],
-                        priority=w["priority"],
-                        prompt_token=7 + int(w["id"][1:]) % 3,
-                        arrival_time=1000.0 + step * 0.01 + int(w["id"][1:]) * 1e-6,
-                    )
-                )
-                if w["abort_after"]:
-                    aborts.setdefault(step + w["abort_after"], []).append(w["id"])
-        if step in aborts:
-            from vllm.v1.request import RequestStatus
-
-            s.finish_requests(aborts[step], RequestStatus.FINISHED_ABORTED)
-        out = e.step()
-        cached = out.scheduled_cached_reqs
-        trace.append(
-            (
-                # in order: the worker builds its batch in this order
-                list(out.num_scheduled_tokens.items()),
-                [(r.req_id, r.num_computed_tokens, r.block_ids) for r in out.scheduled_new_reqs],
-                (list(cached.req_ids), sorted(cached.resumed_req_ids), list(cached.new_block_ids),
-                 list(cached.num_computed_tokens), list(cached.num_output_tokens)),
-                sorted(out.preempted_req_ids),
-                sorted(out.finished_req_ids),
-                out.total_num_scheduled_tokens,
-            )
-        )
-    s.shutdown()  # the event recorder, if any, writes its last block
-    return trace, outputs
+    return trace(scheduler_cls, async_scheduling=async_scheduling, seed=seed, policy=policy)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])

@@ -347,6 +347,16 @@ def _witness(w: WitnessResult, th: Thresholds, ids) -> list[Check]:
         out.append(Check("witness-order", *ids, round(ms, 6), clock_ms, "<=", "ms", ok,
                          f"{head}, allowed {clock_ms:g} ms (the clock's resolution); worst of each: "
                          + "; ".join(parts)))
+    if w.latency_max_ns is not None and w.spread_ns is not None:
+        # bound-client widens its windows by this spread: a wide one lets a client see several bursts at
+        # once where the engine's emits were even (an output path that holds tokens back)
+        spread_ms, allowed_ms = w.spread_ns / 1e6, th.delivery_spread_max_ns / 1e6
+        out.append(Check("witness-delivery", *ids, round(spread_ms, 6), allowed_ms, "<=", "ms",
+                         w.spread_ns <= th.delivery_spread_max_ns,
+                         f"tokens reached the client {w.latency_min_ns / 1e6:.2f} to {w.latency_max_ns / 1e6:.2f} ms "
+                         f"after their emit events (p50 {w.latency_p50_ns / 1e6:.2f} ms, {w.tokens} tokens): a spread "
+                         f"of {spread_ms:.2f} ms, allowed {allowed_ms:g} ms (bound-client's windows widen by this "
+                         "spread: a wider one would hide tokens held back and sent in clumps)"))
     if w.requests or w.unemitted_tokens:
         bad = w.unemitted_tokens
         text = (f"{bad} tokens in {w.unemitted_requests} request(s) reached the client with no emit event in the "

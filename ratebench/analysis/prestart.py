@@ -24,16 +24,23 @@ from ratebench.analysis.verdict import Check
 FILE = "feature-off.json"  # ratebench.upstream_replay.FILE (not imported: that module drives vLLM)
 
 
-def feature_off_checks(run: RunData) -> list[Check]:
-    path = run.run_dir / FILE
+def _read(run: RunData, file: str, items: str) -> tuple[list[dict], str | None] | None:
+    """(the file's items, its error) of a prestart file in the run folder; None without the file."""
+    path = run.run_dir / file
     if not path.is_file():
-        return []
+        return None
     try:
         data = json.loads(path.read_text())
-        configs = list(data.get("configs") or [])
-        error = data.get("error")
+        return list(data.get(items) or []), data.get("error")
     except (OSError, ValueError, AttributeError) as exc:
-        configs, error = [], f"{FILE} unreadable: {exc}"
+        return [], f"{file} unreadable: {exc}"
+
+
+def feature_off_checks(run: RunData) -> list[Check]:
+    got = _read(run, FILE, "configs")
+    if got is None:
+        return []
+    configs, error = got
     if error or not configs:
         return [Check("feature-off-upstream", "*", "*", "scheduler", None, None, 0, "<=", "configurations", False,
                       f"the limiter-off scheduler could not be compared with upstream's: {error or 'no configuration'}")]
@@ -61,15 +68,10 @@ FLAGS_FILE = "flags.json"  # ratebench.flagcheck.FILE
 def flag_checks(run: RunData) -> list[Check]:
     """``flags-refused``: every case of ``flags.json`` (ratebench.flagcheck) as expected; none without the
     file (a run attached with ``--endpoint``, or an older run)."""
-    path = run.run_dir / FLAGS_FILE
-    if not path.is_file():
+    got = _read(run, FLAGS_FILE, "cases")
+    if got is None:
         return []
-    try:
-        data = json.loads(path.read_text())
-        cases = list(data.get("cases") or [])
-        error = data.get("error")
-    except (OSError, ValueError, AttributeError) as exc:
-        cases, error = [], f"{FLAGS_FILE} unreadable: {exc}"
+    cases, error = got
     if error or not cases:
         return [Check("flags-refused", "*", "*", "vllm serve", None, None, 0, "<=", "cases", False,
                       f"the limiter's flags could not be checked: {error or 'no case'}")]

@@ -80,6 +80,10 @@ class Thresholds:
     # token, end of stream or send. One clock (CLOCK_MONOTONIC, 1 ns resolution through the vDSO, one
     # timekeeper for all CPUs): this is reading it, not delivery, which takes hundreds of microseconds
     witness_clock_ns: int = 5_000
+    # two witnesses: the most a user's tokens' delivery latency (client arrival - engine emit) may vary in a
+    # phase: bound-client widens its windows by that spread, so a wide one hides clumps. 2.5 bursts: the
+    # API server of a busy two-core machine held a chunk up to 44 ms in ten clean cpu-tiny runs
+    delivery_spread_max_ns: int = 250_000_000
     burst_ns: int = BURST_NS
 
 

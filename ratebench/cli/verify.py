@@ -70,6 +70,10 @@ _OPT_WITNESS_CLOCK = typer.Option("--witness-clock-us",
                                   help="two witnesses: how far (microseconds) the client's time may precede the "
                                        "engine's event for the same token, end of stream or send (the clock's "
                                        "resolution; one host clock)")
+_OPT_DELIVERY_SPREAD = typer.Option("--delivery-spread-max-ms",
+                                    help="two witnesses: how much (ms) the delay from a token's emit event to its "
+                                         "arrival at the client may vary for one user in a phase (the client "
+                                         "bound's windows widen by it; 250: two and a half bursts)")
 _OPT_ANSWERS_TOL = typer.Option("--answers-logprob-tol",
                                 help="answers-intact: how far (nats) below the limiter-off engine's likeliest "
                                      "token a token of a limiter-on answer that parted may score there and still "
@@ -88,7 +92,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                isolation_e2e_slack_ms: float = 50.0, isolation_gap_factor: float = 1.5,
                isolation_gap_slack_ms: float = 20.0, witness_clock_us: float = 5.0,
                wait_steps_max: float = 40.0, refusal_tolerance_tokens: float = 2.0,
-               work_conservation_places_max_run_steps: int = 2, answers_logprob_tol: float = 0.05) -> Thresholds:
+               work_conservation_places_max_run_steps: int = 2, answers_logprob_tol: float = 0.05,
+               delivery_spread_max_ms: float = 250.0) -> Thresholds:
     """The verify-bound threshold options as Thresholds (milliseconds on the command line, ns inside)."""
     return Thresholds(delivery_min=delivery_min, isolation_min=isolation_min,
                       isolation_ttft_factor=isolation_ttft_factor,
@@ -107,7 +112,8 @@ def thresholds(*, delivery_min: float, isolation_min: float,
                       witness_clock_ns=round(witness_clock_us * 1e3),
                       refusal_tolerance_tokens=refusal_tolerance_tokens,
                       work_conservation_places_max_run_steps=work_conservation_places_max_run_steps,
-                      answers_logprob_tol=answers_logprob_tol)
+                      answers_logprob_tol=answers_logprob_tol,
+                      delivery_spread_max_ns=round(delivery_spread_max_ms * 1e6))
 
 
 def verify_bound(
@@ -139,6 +145,7 @@ def verify_bound(
     witness_clock_us: Annotated[float, _OPT_WITNESS_CLOCK] = 5.0,
     refusal_tolerance_tokens: Annotated[float, _OPT_REFUSAL_TOL] = 2.0,
     answers_logprob_tol: Annotated[float, _OPT_ANSWERS_TOL] = 0.05,
+    delivery_spread_max_ms: Annotated[float, _OPT_DELIVERY_SPREAD] = 250.0,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="write plots/*.png")] = True,
     max_plot_users: Annotated[int, typer.Option("--max-plot-users", help="users per phase in the plots")] = 8,
     partial: Annotated[bool, typer.Option(
@@ -164,7 +171,7 @@ def verify_bound(
                     place_jain_min=place_jain_min, work_conservation_max_run_steps=work_conservation_max_run_steps,
                     witness_clock_us=witness_clock_us, refusal_tolerance_tokens=refusal_tolerance_tokens,
                     work_conservation_places_max_run_steps=work_conservation_places_max_run_steps,
-                    answers_logprob_tol=answers_logprob_tol)
+                    answers_logprob_tol=answers_logprob_tol, delivery_spread_max_ms=delivery_spread_max_ms)
     try:
         result = verify.analyse_run(run_dir, th, partial=partial)
     except verify.RunFolderError as exc:

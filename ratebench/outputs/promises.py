@@ -232,6 +232,10 @@ CHECKS: dict[str, CheckMeaning] = {
                              "allowed against the limiter off or stock vLLM",
                              "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "
                              "plot; verdict.json, overheads: each round", also=("7",)),
+    "witness-delivery": CheckMeaning("witness", "the delays between the engine's emits and the client's arrivals "
+                                     "varied by more than allowed: the client got tokens in clumps the event "
+                                     "file does not show (an output path that holds tokens back)",
+                                     "requests.jsonl chunk times against {events}' emit events of the user; {plot}"),
     "flags-refused": CheckMeaning("flags", "a malformed limiter flag was accepted, or refused without naming the "
                                   "flag, or valid flags did not reach the scheduler's config as given",
                                   "flags.json: each case, how it was refused (arguments or engine config) and the "
