@@ -64,10 +64,9 @@ def stream_spread(t_ns: np.ndarray, stream: np.ndarray, requests: np.ndarray | N
     return int(spread[last_of_instant].max())
 
 
-def _in_service(t: np.ndarray, s: np.ndarray, k: int, requests: np.ndarray) -> np.ndarray:
-    """(k, events): whether each stream had a request in service at each event's time (after the
-    request's first event, up to its last: as while all streams are active, the first token of the
-    request that opens a stretch is not counted)."""
+def _service_spans(t: np.ndarray, s: np.ndarray, k: int, requests: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per stream: (starts, ends) of its requests in service, by start (from a request's first event
+    to its last; overlapping requests of one stream merge)."""
     r, _ = dense_codes(requests)
     n_req = int(r.max()) + 1
     r_first = np.full(n_req, np.iinfo(np.int64).max)
@@ -76,30 +75,38 @@ def _in_service(t: np.ndarray, s: np.ndarray, k: int, requests: np.ndarray) -> n
     np.maximum.at(r_last, r, t)
     r_stream = np.zeros(n_req, dtype=np.int64)
     r_stream[r] = s
-    out = np.zeros((k, t.size), dtype=bool)
+    out = []
     for j in range(k):
         mine = np.flatnonzero(r_stream == j)
         order = np.argsort(r_first[mine], kind="stable")
-        starts = r_first[mine][order]
-        ends = np.maximum.accumulate(r_last[mine][order])  # overlapping requests of one stream merge
-        i = np.searchsorted(starts, t, side="left") - 1  # the last request begun strictly before t
-        out[j] = (i >= 0) & (t <= ends[np.maximum(i, 0)])
+        out.append((r_first[mine][order], np.maximum.accumulate(r_last[mine][order])))
     return out
+
+
+def _serving(spans: tuple[np.ndarray, np.ndarray], t: np.ndarray) -> np.ndarray:
+    """Whether a stream had a request in service at each time of ``t``: after the request's first
+    event, up to its last (as while all streams are active, the first token of the request that opens
+    a stretch is not counted)."""
+    starts, ends = spans
+    i = np.searchsorted(starts, t, side="left") - 1  # the last request begun strictly before t
+    return (i >= 0) & (t <= ends[np.maximum(i, 0)])
 
 
 def _pairwise_in_service(t: np.ndarray, s: np.ndarray, k: int, requests: np.ndarray) -> int | None:
     """The in-service spread: over every two streams and every stretch of time in which both had a
     request in service, the largest difference of their token counts since that stretch began; None
-    when no two streams were ever in service together."""
-    serving = _in_service(t, s, k, requests)
+    when no two streams were ever in service together. Each pair looks at its own two streams' events
+    only: O(streams x events) in all."""
+    spans = _service_spans(t, s, k, requests)
+    events = [np.flatnonzero(s == j) for j in range(k)]
     worst = None
     for a in range(k):
         for b in range(a + 1, k):
-            pair = (s == a) | (s == b)
-            both = (serving[a] & serving[b])[pair]
+            pair = np.sort(np.concatenate((events[a], events[b])))  # time order: t is sorted
+            sp, tp = s[pair], t[pair]
+            both = _serving(spans[a], tp) & _serving(spans[b], tp)
             if not both.any():
                 continue
-            sp, tp = s[pair], t[pair]
             step = np.where(both, np.where(sp == a, 1, -1), 0)
             total = np.cumsum(step)
             opens = both & ~np.concatenate(([False], both[:-1]))  # each stretch's first event

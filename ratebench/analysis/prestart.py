@@ -21,7 +21,7 @@ import json
 from ratebench.analysis.load import RunData
 from ratebench.analysis.verdict import Check
 
-FILE = "feature-off.json"  # ratebench.upstream_replay.FILE (not imported: that module drives vLLM)
+FILE = "feature-off.json"  # written by ratebench.upstream_replay (the run stage); read here
 
 
 def _read(run: RunData, file: str, items: str) -> tuple[list[dict], str | None] | None:
@@ -62,7 +62,7 @@ def feature_off_checks(run: RunData) -> list[Check]:
                   not parted, text)]
 
 
-FLAGS_FILE = "flags.json"  # ratebench.flagcheck.FILE
+FLAGS_FILE = "flags.json"  # written by ratebench.flagcheck (the run stage); read here
 
 
 def flag_checks(run: RunData) -> list[Check]:
