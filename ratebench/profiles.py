@@ -334,11 +334,11 @@ SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
         "question": ("str", "Answer with one word: what colour is the sky on a clear day?"),
     },
     # Requests without output_rate_user share __anonymous__; nothing else a client sends
-    # (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, on both APIs)
+    # (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, a priority, on both APIs)
     # names spoof_as. named_user's streams send output_rate_user and the same spoofs.
     "anonymous-and-spoofing": {
         "streams": ("pos_int", 2),
-        "spoof_streams": ("pos_int", 4),
+        "spoof_streams": ("pos_int", 5),
         "spoof_as": ("user", REQUIRED),
         "named_user": ("user", None),
         "named_streams": ("pos_int", 2),

@@ -530,17 +530,22 @@ def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
                            "X-Api-User": as_user}}
     xargs = {"extra_xargs": {"user": as_user, "outputRateUser": as_user, "output-rate-user": as_user,
                              "OUTPUT_RATE_USER": as_user, "output_rate_user_id": as_user}}
+    # a request's priority (accepted by vLLM 0.32.0 under either policy): a limiter that keeps a budget
+    # per user and priority would give one user a budget for every priority it sends
     return [
-        ("the OpenAI user field", "completions", user_field),
-        ("X-User-style headers", "completions", headers),
-        ("other vllm_xargs keys", "completions", xargs),
-        ("the user field, headers and vllm_xargs keys on chat", "chat", {**user_field, **headers, **xargs}),
+        (f"the OpenAI user field naming {as_user}", "completions", user_field),
+        (f"X-User-style headers naming {as_user}", "completions", headers),
+        (f"other vllm_xargs keys naming {as_user}", "completions", xargs),
+        (f"the user field, headers and vllm_xargs keys naming {as_user}, and priority -1, on chat", "chat",
+         {**user_field, **headers, **xargs, "extra_body": {"priority": -1}}),
+        ("priority 1", "completions", {"extra_body": {"priority": 1}}),
     ]
 
 
 def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
     """Requests without output_rate_user share __anonymous__; a user named in any other channel (the
-    OpenAI user field, headers, other vllm_xargs keys, on both APIs) is charged nothing."""
+    OpenAI user field, headers, other vllm_xargs keys, on both APIs) is charged nothing, and a request's
+    priority changes nothing."""
     p = spec.params
     named = p["named_user"]
     total = p["streams"] + p["spoof_streams"]
@@ -551,10 +556,12 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
         channels = _spoof_channels(p["spoof_as"])
         reqs = await _streams(ctx, engine, None, p["streams"], p["max_tokens"], salt + " anon")
 
-        async def spoofing(user: str | None, n: int, first: int, tag: str) -> list[StreamRequest]:
+        async def spoofing(user: str | None, n: int, first: int, tag: str, last_first: bool = False
+                           ) -> list[StreamRequest]:
             out = []
             for k in range(n):
-                what, api, fields = channels[k % len(channels)]
+                # the named user's spoofs take the channels from the last (its few streams send priorities)
+                what, api, fields = channels[(-1 - k if last_first else k) % len(channels)]
                 s = f"{salt} {tag}-{first + k}"
                 if api == "chat":
                     prompt, exact = maker.text_prompt(p["prompt_tokens"], s), None
@@ -563,13 +570,13 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
                     exact = len(prompt)
                 out.append(StreamRequest(user=user, prompt=prompt, max_tokens=p["max_tokens"], api=api,
                                          stream_index=first + k, prompt_tokens=exact,
-                                         spoof=f"{what} naming {p['spoof_as']}", **fields))
+                                         spoof=what, **fields))
             return out
 
         reqs += await spoofing(None, p["spoof_streams"], p["streams"], "spoof")
         users = {ANONYMOUS_USER: {"streams": total, "backlogged": True}}
         if named:
-            reqs += await spoofing(named, p["named_streams"], total, "named")
+            reqs += await spoofing(named, p["named_streams"], total, "named", last_first=True)
             users[named] = {"streams": p["named_streams"], "backlogged": True}
         await ctx.phase(engine, "anonymous", reqs, users,
                         params={"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]})

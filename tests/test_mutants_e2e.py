@@ -126,6 +126,20 @@ def to_sampling_params(self, *args, **kwargs):
 cls.to_sampling_params = to_sampling_params
 '''
 
+# the EngineCore keeps a budget per user and priority: a request's priority, which vLLM 0.32.0 accepts
+# under either policy, is part of whose budget it spends (a client sending priorities gets a budget
+# for each)
+BUDGET_PER_PRIORITY = '''
+shipped = module.Request.__init__
+
+def __init__(self, *args, **kwargs):
+    shipped(self, *args, **kwargs)
+    if self.priority:
+        self.output_rate_user = f"{self.output_rate_user}/priority{self.priority}"
+
+module.Request.__init__ = __init__
+'''
+
 # the EngineCore polls its input queue instead of blocking on it while users wait for budget
 POLLING_WAIT = '''
 def poll(self, timeout_s):
@@ -345,8 +359,23 @@ def test_an_api_server_that_trusts_the_openai_user_field_fails_identity(tmp_path
     assert {("identity", "__anonymous__"), ("identity", "user-b")} <= failed, verdict.summary()
     anon = next(c for c in verdict.failures if (c.name, c.user) == ("identity", "__anonymous__"))
     assert "OpenAI user field" in anon.explanation and "charged to user-fast" in anon.explanation
-    # spoofs through headers and other vllm_xargs keys reach nobody: only the user-field requests fail
+    # spoofs through headers, other vllm_xargs keys and priorities reach nobody: only the user-field
+    # requests fail
     assert anon.figure == 2  # one completions stream with the user field, one chat stream with all channels
+    named = next(c for c in verdict.failures if (c.name, c.user) == ("identity", "user-b"))
+    assert named.figure == 1, named.explanation  # its two streams: priority 1, and the chat one
+
+
+def test_an_engine_that_keeps_a_budget_per_priority_fails_identity(tmp_path, tiny_model):
+    verdict = _run_broken(tmp_path, {"vllm.v1.request": BUDGET_PER_PRIORITY}, _SPOOFING)
+    failed = _failed(verdict)
+    # the anonymous chat stream sent with priority -1, and user-b's streams with priority 1 and -1
+    assert {("identity", "__anonymous__"), ("identity", "user-b")} <= failed, verdict.summary()
+    anon = next(c for c in verdict.failures if (c.name, c.user) == ("identity", "__anonymous__"))
+    assert "priority -1" in anon.explanation and "charged to __anonymous__/priority-1" in anon.explanation
+    assert anon.figure == 1, anon.explanation  # spoof_streams = 4: the fifth channel (priority 1) unused
+    named = next(c for c in verdict.failures if (c.name, c.user) == ("identity", "user-b"))
+    assert named.figure == 2 and "charged to user-b/priority1" in named.explanation, named.explanation
 
 
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):

@@ -126,7 +126,7 @@ api = "chat"
 [[scenarios]]
 kind = "anonymous-and-spoofing"
 streams = 1
-spoof_streams = 4
+spoof_streams = 5
 spoof_as = "user-fast"
 max_tokens = 30
 
@@ -403,8 +403,9 @@ def test_users_reach_the_engine_as_sent_and_no_other_channel_changes_them(small_
             continue
         assert engine_user == (r.user or ANONYMOUS_USER), r.client_id
     spoofed = [r for r in _records(outcome) if r.spoof]
-    # the user field, headers and other vllm_xargs keys, on completions, and all of them on chat
-    assert len({r.spoof for r in spoofed}) == 4 and {r.api for r in spoofed} == {"completions", "chat"}
+    # the user field, headers, other vllm_xargs keys and a priority, on completions, and all of them on chat
+    assert len({r.spoof for r in spoofed}) == 5 and {r.api for r in spoofed} == {"completions", "chat"}
+    assert sum("priority" in r.spoof for r in spoofed) == 2
     assert all(finishes[r.client_id][2] == ANONYMOUS_USER for r in spoofed)
 
 
