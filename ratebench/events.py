@@ -84,6 +84,8 @@ ENV_VAR = "VLLM_OUTPUT_RATE_EVENTS_FILE"
 # The user of a request that names none (no vllm_xargs output_rate_user): one budget for all of them,
 # as the patch names it in its event file.
 ANONYMOUS_USER = "__anonymous__"
+# The APIs a request is sent through (ClientRecord.api).
+APIS = ("completions", "chat")
 
 KIND_DISPATCH = 1
 KIND_EMIT = 2

@@ -100,14 +100,14 @@ def check_all() -> dict[str, Any]:
 
 def run_flag_check(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Check in a child process with the engines' environment; ``flags.json`` in ``run_dir``
-    (:func:`ratebench.prestart.run_child`)."""
-    from ratebench.prestart import run_child
+    (:func:`ratebench.childproc.run_child`)."""
+    from ratebench.childproc import run_child
 
     return run_child("ratebench.flagcheck", run_dir, FILE, env, TIMEOUT_S, "cases")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ratebench.prestart import child_main
+    from ratebench.childproc import child_main
 
     return child_main(argv, "ratebench.flagcheck", check_all)
 

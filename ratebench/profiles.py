@@ -100,12 +100,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ratebench.events import ANONYMOUS_USER  # noqa: F401 - re-exported: profiles name the anonymous user
+from ratebench.events import ANONYMOUS_USER, APIS  # noqa: F401 - re-exported: profiles name them
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "cpu-tiny"
 SCHEDULING_MODES = ("sync", "async")
-APIS = ("completions", "chat")
 FLEET_POLICIES = ("round-robin", "user-hash")  # the fleet kind's routing policies (ratebench/balancer.py)
 
 
@@ -118,6 +117,11 @@ class ProfileError(ValueError):
         if has_got:
             msg += f", got {got!r}"
         super().__init__(msg)
+
+
+def active_cap_users(p: dict[str, Any]) -> tuple[list[str], str]:
+    """The users of an active-cap-fairness scenario: cap-00.. at limit_tps, and cap-high."""
+    return [f"cap-{i:02d}" for i in range(p["users"])], "cap-high"
 
 
 # ---- plain data ---------------------------------------------------------------------
@@ -849,8 +853,6 @@ class _Validator:
                           max_len: int | None) -> None:
         """More streams than active places, no more than the engine runs at once; the users
         cap-00.. and cap-high get their limits (engine flags, like [limits.users])."""
-        from ratebench.scenarios import active_cap_users
-
         places = engine.max_num_active_seqs
         total = p["users"] * p["streams"]
         if p["users"] < 2 or total <= places:
@@ -884,7 +886,7 @@ class _Validator:
         from ratebench.trace import TraceError, read_trace, resolve_trace, trace_sha256, trace_users
 
         try:
-            path = resolve_trace(p["trace"], Path(self.path).parent)
+            path = resolve_trace(p["trace"], Path(self.path).parent, BUILTIN_DIR)
         except TraceError as exc:
             raise ProfileError(self.path, f"{where}.trace", exc.expected, p["trace"]) from None
         try:

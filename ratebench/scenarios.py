@@ -30,7 +30,7 @@ from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.answerscore import score_parted_answers
 from ratebench.engine import engine_core_cpu_s
 from ratebench.events import PhaseRecord
-from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
+from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec, active_cap_users
 from ratebench.mix import mix_requests, tier_of_users
 from ratebench.trace import TraceRequest, read_trace
 from ratebench.workload import Driver, PhaseContext, StreamRequest, WorkloadError, ssl_context
@@ -707,11 +707,6 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
     main = _main_engine(spec)
     return [PhasePlan(spec.name, "kv-baseline", main, baseline, estimate(0.0)),
             PhasePlan(spec.name, "kv-shared", main, shared, estimate(p["lead_s"]))]
-
-
-def active_cap_users(p: dict[str, Any]) -> tuple[list[str], str]:
-    """The users of an active-cap-fairness scenario: cap-00.. at limit_tps, and cap-high."""
-    return [f"cap-{i:02d}" for i in range(p["users"])], "cap-high"
 
 
 def active_cap_fairness(spec: ScenarioSpec) -> list[PhasePlan]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ratebench.events import ClientRecord
-from ratebench.profiles import ANONYMOUS_USER, APIS, BUILTIN_DIR
+from ratebench.events import ANONYMOUS_USER, APIS
 
 TRACE_SUFFIX = ".jsonl"
 
@@ -178,18 +178,19 @@ def trace_sha256(path: Path | str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def resolve_trace(name_or_path: str, relative_to: Path | str) -> Path:
+def resolve_trace(name_or_path: str, relative_to: Path | str, builtin_dir: Path) -> Path:
     """A trace named by a profile: a path relative to the profile's folder (or absolute), else a
-    built-in trace (``ratebench/profiles/<name>.jsonl``). Raises TraceError when neither exists."""
+    built-in trace (``builtin_dir/<name>.jsonl``: ``ratebench/profiles``). Raises TraceError when
+    neither exists."""
     p = Path(name_or_path)
     candidate = p if p.is_absolute() else Path(relative_to) / p
     if candidate.is_file():
         return candidate
-    builtin = BUILTIN_DIR / (name_or_path if name_or_path.endswith(TRACE_SUFFIX)
-                                   else name_or_path + TRACE_SUFFIX)
+    builtin = builtin_dir / (name_or_path if name_or_path.endswith(TRACE_SUFFIX)
+                             else name_or_path + TRACE_SUFFIX)
     if "/" not in name_or_path and builtin.is_file():
         return builtin
-    names = ", ".join(sorted(f.stem for f in BUILTIN_DIR.glob(f"*{TRACE_SUFFIX}"))) or "none"
+    names = ", ".join(sorted(f.stem for f in builtin_dir.glob(f"*{TRACE_SUFFIX}"))) or "none"
     raise TraceError(candidate, 0, "", f"an existing trace file (a path relative to the profile, or a built-in "
                                        f"trace: {names})", has_got=False)
 

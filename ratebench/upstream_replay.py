@@ -220,14 +220,14 @@ def compare_all() -> dict[str, Any]:
 
 def run_replay(run_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Compare in a child process with the engines' environment; ``feature-off.json`` in ``run_dir``
-    (:func:`ratebench.prestart.run_child`)."""
-    from ratebench.prestart import run_child
+    (:func:`ratebench.childproc.run_child`)."""
+    from ratebench.childproc import run_child
 
     return run_child("ratebench.upstream_replay", run_dir, FILE, env, TIMEOUT_S, "configs")
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ratebench.prestart import child_main
+    from ratebench.childproc import child_main
 
     return child_main(argv, "ratebench.upstream_replay", compare_all)
 

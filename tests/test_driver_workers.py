@@ -1,4 +1,4 @@
-"""A phase's streams spread over driver worker processes (ratebench.driver_workers), on a real socket."""
+"""A phase's streams spread over driver worker processes (ratebench.workload.workers), on a real socket."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from ratebench.driver_workers import deal
+from ratebench.workload.workers import deal
 from ratebench.workload import Driver, StreamRequest
 from test_workload_http1 import chunk, phase, send_chunked, serving, whole_stream
 

@@ -11,7 +11,7 @@ import contextlib
 import json
 from typing import Awaitable, Callable
 
-from ratebench import workload
+from ratebench.workload import sender
 from ratebench.workload import Driver, PhaseContext, StreamRequest
 
 Script = Callable[[asyncio.StreamWriter, dict, int], Awaitable[None]]
@@ -211,7 +211,7 @@ def test_no_server_is_a_connect_error_on_the_record() -> None:
 
 
 def test_a_silent_server_times_out(monkeypatch) -> None:
-    monkeypatch.setattr(workload, "READ_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(sender, "READ_TIMEOUT_S", 0.3)
 
     async def script(writer, body, n):
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")

@@ -19,26 +19,12 @@ Every engine event stays in its engine's whole-file bound, whatever phase it bel
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
 
 from ratebench.analysis.load import EngineTrace, RunData
+from ratebench.analysis.verdict import MissingPhase
 from ratebench.events import ERROR_INTERRUPTED, KIND_FINISH, ClientRecord, PhaseRecord
-
-
-@dataclass
-class MissingPhase:
-    """A scenario phase the verdict of a partial run does not check, and why."""
-
-    scenario: str
-    phase: str
-    engine: str
-    why: str
-
-    @property
-    def label(self) -> str:
-        return f"{self.scenario}/{self.phase}@{self.engine}"
 
 
 def keep_completed_phases(run: RunData) -> tuple[RunData, list[MissingPhase]]:

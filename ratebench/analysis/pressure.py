@@ -33,7 +33,6 @@ import numpy as np
 
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.load import RunData
-from ratebench.analysis.segments import group_by
 from ratebench.events import KIND_DISPATCH, PhaseRecord
 from ratebench.analysis.summary import client_user
 

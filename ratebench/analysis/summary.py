@@ -36,7 +36,7 @@ from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
 from ratebench.analysis.witness import WitnessResult, witness_figures
 from ratebench.analysis.bound import BURST_NS
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, UserPhaseSummary
-from ratebench.events import ANONYMOUS_USER, FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH
+from ratebench.events import ANONYMOUS_USER, FINISH_REASONS, KIND_DISPATCH, KIND_FINISH
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = 1, 2, 3  # events.FINISH_REASONS codes
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 
 from ratebench.analysis.bound import BURST_NS, BoundResult
 from ratebench.analysis.gaps import GapStats
-from ratebench.analysis.partial import MissingPhase
 from ratebench.analysis.rates import RateFigures
 from ratebench.analysis.spacing import SpacingResult
 from ratebench.analysis.steps import EngineStep
@@ -199,6 +198,20 @@ class OverheadSummary:
     step_p50_ns: dict[str, float] = field(default_factory=dict)
     # round -> role -> CPUs that processes outside the run kept busy during that phase (runs that measured it)
     round_other_cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class MissingPhase:
+    """A scenario phase the verdict of a partial run does not check, and why."""
+
+    scenario: str
+    phase: str
+    engine: str
+    why: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.scenario}/{self.phase}@{self.engine}"
 
 
 @dataclass

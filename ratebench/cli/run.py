@@ -165,8 +165,8 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
                   f"({escape(ph.estimate.basis)})")
     reach = plan.reachability(p)
     if reach:
-        out.print(f"[bold]reachable limits[/] at the reference decode step (engine.reference_step_ms; a stream "
-                  f"gets at most one token a step, 1000 / step ms tok/s):")
+        out.print("[bold]reachable limits[/] at the reference decode step (engine.reference_step_ms; a stream "
+                  "gets at most one token a step, 1000 / step ms tok/s):")
         for r in reach:
             verdict = ("[green]reachable[/]" if r.reachable else
                        "[dim]far above what its streams get: never binds[/]" if r.limit_tps > 5 * r.max_tps else

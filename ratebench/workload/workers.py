@@ -25,7 +25,9 @@ from typing import Any
 from rich.live import Live
 
 from ratebench.events import ERROR_INTERRUPTED, ClientRecord
-from ratebench.workload import Driver, LiveRates, LoopLagProbe, PhaseContext, StreamRequest
+from ratebench.workload.live import LiveRates, LoopLagProbe
+from ratebench.workload.requests import PhaseContext, StreamRequest
+from ratebench.workload.sender import StreamSender
 
 WORKER_READY_TIMEOUT_S = 60.0
 WORKER_STOP_TIMEOUT_S = 15.0
@@ -91,7 +93,7 @@ def _read_pipe(w: int, conn, first: tuple, lock: threading.Lock, loop: asyncio.A
             return
 
 
-async def run_phase_in_workers(driver: Driver, ctx: PhaseContext, requests: list[StreamRequest], *,
+async def run_phase_in_workers(driver: StreamSender, ctx: PhaseContext, requests: list[StreamRequest], *,
                                concurrency: int | None, limits: dict[str, int | None] | None) -> list[ClientRecord]:
     workers = min(driver.workers, len(requests))
     index, shard_reqs, caps = deal(requests, workers, concurrency)
@@ -189,7 +191,7 @@ async def run_phase_in_workers(driver: Driver, ctx: PhaseContext, requests: list
     return records
 
 
-def _merge(driver: Driver, records: list[ClientRecord], index: list[list[int]], results: dict[int, tuple],
+def _merge(driver: StreamSender, records: list[ClientRecord], index: list[list[int]], results: dict[int, tuple],
            probe: LoopLagProbe) -> None:
     """The workers' records into the driver's (the same objects), their lag samples into one summary."""
     connections = 0
@@ -236,7 +238,7 @@ async def _worker(conn, run_id: str) -> None:
     from rich.console import Console
 
     _, ctx, requests, cap = await _recv(conn)
-    driver = Driver(run_id, console=Console(quiet=True), live=False)
+    driver = StreamSender(run_id, console=Console(quiet=True), live=False)
     client = driver.open_client(ctx, driver.streams_at_once(requests, cap))
     conn.send(("ready",))
     msg = await _recv(conn)
