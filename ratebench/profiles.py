@@ -44,56 +44,21 @@ Schema (every key is checked; unknown keys are errors)::
 
     [[scenarios]]
     name = "seed-experiment"          # unique; defaults to the kind
-    kind = "seed-experiment"          # one of SCENARIO_KINDS
+    kind = "seed-experiment"          # one of scenario_kinds()
     scheduling = ["sync", "async"]    # optional; default: the profile's first mode
-    # ... the kind's parameters, see SCENARIO_PARAMS
+    # ... the kind's parameters: PARAMS of ratebench/scenarios/<kind>.py
 
 Users named by a scenario must be keys of ``[limits.users]`` (write the
 default rate there to use a user at the default rate). Rates are positive
 integers, as the engine flags take them.
 
-A ``trace`` scenario names a JSONL file of requests (``docs/trace.md``), a path
-relative to the profile or a built-in trace (``ratebench/profiles/<name>.jsonl``);
-the file is read and checked when the profile loads, its mistakes named by line::
-
-    [[scenarios]]
-    kind = "trace"
-    trace = "example-trace"
-    users_at_default_rate = false     # true: trace users not in [limits.users] take default_tps
-    backlogged = []                   # users the trace keeps waiting: delivery and even spacing apply
-    lateness_ms = 20                  # each request sent within this of its trace time (p99)
-
-A ``mix`` scenario makes its requests from a seed (``ratebench/mix.py``; its
-parameters in ``docs/trace.md``): tiers of users, given in ``[[scenarios.tiers]]``
-tables (``name``, ``users``, ``limit_tps``, ``rate``, ``tier_rate`` or ``burst``, or ``arrival = "closed"``
-with ``streams``, ``requests``, ``think_s``, ``backlogged``), are named
-``<name>-00``, ``<name>-01``, ... and take the tier's limit as if declared in
-``[limits.users]``; those names must not be declared there.
-
-A ``fleet`` scenario runs ``engines`` limiter-on engines behind HAProxy
-(``ratebench/balancer.py``), one phase per routing policy and a failover phase::
-
-    [[scenarios]]
-    kind = "fleet"
-    users = ["user-a", "user-b"]      # each declared in [limits.users]
-    streams = 4                       # per user, backlogged; at least `engines`
-    max_tokens = 60
-    engines = 2                       # K >= 2; on a GPU the k-th engine gets GPU k
-    policies = ["round-robin", "user-hash"]
-    user_header = "X-Ratebench-User"  # the header the balancer hashes (and requires)
-    failover = true                   # then a user-hash phase in which one engine stops
-    failover_after_s = 1.5
-    failover_requests = 3             # per stream, a closed loop of short answers
-    failover_max_tokens = 16
-    light_users = ["user-c"]          # short answers beside the throttled users; their limits cannot bind
-    light_requests = 8                # per light user, `light_every_s` apart, each of `light_max_tokens`
-    light_max_tokens = 8              # (all of them within one burst of the user's limit)
-    light_every_s = 0.25
-    baseline = true                   # the policy phases again on a limiter-off fleet: isolation across it
+Each kind's parameters, with what they mean, are the ``PARAMS`` of its module in
+``ratebench/scenarios/`` (trace and mix: also ``docs/trace.md``).
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
@@ -117,11 +82,6 @@ class ProfileError(ValueError):
         if has_got:
             msg += f", got {got!r}"
         super().__init__(msg)
-
-
-def active_cap_users(p: dict[str, Any]) -> tuple[list[str], str]:
-    """The users of an active-cap-fairness scenario: cap-00.. at limit_tps, and cap-high."""
-    return [f"cap-{i:02d}" for i in range(p["users"])], "cap-high"
 
 
 # ---- plain data ---------------------------------------------------------------------
@@ -277,205 +237,53 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
                "an HTTP header name (letters, digits and -)"),
 }
 
-# Parameters every scenario kind takes.
+# Parameters every scenario kind takes, but those whose requests say their own prompt and API
+# (Kind.common False).
 _COMMON = {"api": ("api", "completions"), "prompt_tokens": ("pos_int", 32)}
 
-SCENARIO_PARAMS: dict[str, dict[str, tuple[str, Any]]] = {
-    # One user limited to a low rate with 1 then 4 streams, beside a user at a higher rate.
-    "seed-experiment": {
-        "user": ("user", REQUIRED),
-        "neighbour": ("user", REQUIRED),
-        "streams": ("pos_int_list", [1, 4]),
-        "neighbour_streams": ("pos_int", 1),
-        "max_tokens": ("pos_int", 200),
-        "neighbour_max_tokens": ("pos_int", 200),
-    },
-    # A throttled user with more streams than --max-num-active-seqs beside a high-limit
-    # user; the high-limit user also runs alone (baseline).
-    "isolation": {
-        "throttled_user": ("user", REQUIRED),
-        "throttled_streams": ("pos_int", REQUIRED),
-        "user": ("user", REQUIRED),
-        "streams": ("pos_int", 2),
-        "max_tokens": ("pos_int", 200),
-        "lead_s": ("pos_num", 0.5),
-    },
-    # Streams closed by the client mid-answer; then the same user's new streams.
-    "cancellation": {
-        "user": ("user", REQUIRED),
-        "streams": ("pos_int", 4),
-        "cancel_after_tokens": ("pos_int", 10),
-        "cancel_after_s": ("pos_num", 1.0),
-        "max_tokens": ("pos_int", 2000),
-        "followup_streams": ("pos_int", 2),
-        "followup_max_tokens": ("pos_int", 100),
-        "settle_s": ("num", 0.5),
-    },
-    # Prompts several times --max-num-batched-tokens: chunked prefill.
-    "long-prompt": {
-        "user": ("user", REQUIRED),
-        "streams": ("pos_int", 2),
-        "max_tokens": ("pos_int", 100),
-    },
-    # Many requests sharing a long prefix (prefix-cache hits).
-    "prefix-cache": {
-        "user": ("user", REQUIRED),
-        "requests": ("pos_int", 16),
-        "concurrency": ("pos_int", 4),
-        "prefix_tokens": ("pos_int", 512),
-        "max_tokens": ("pos_int", 32),
-    },
-    # Short answers that end with a real EOS (no ignore_eos).
-    "eos": {
-        "user": ("user", REQUIRED),
-        "requests": ("pos_int", 12),
-        "concurrency": ("pos_int", 4),
-        "answer_tokens": ("int_range", [2, 20]),
-        "max_tokens": ("pos_int", 64),
-        # Tiny random-weight models never choose EOS: a logit bias on the EOS token,
-        # released by min_tokens, makes it come at a chosen length. 0: natural EOS.
-        "eos_logit_bias": ("num", 0),
-        "question": ("str", "Answer with one word: what colour is the sky on a clear day?"),
-    },
-    # Requests without output_rate_user share __anonymous__; nothing else a client sends
-    # (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, a priority, on both APIs)
-    # names spoof_as. named_user's streams send output_rate_user and the same spoofs.
-    "anonymous-and-spoofing": {
-        "streams": ("pos_int", 2),
-        "spoof_streams": ("pos_int", 5),
-        "spoof_as": ("user", REQUIRED),
-        "named_user": ("user", None),
-        "named_streams": ("pos_int", 2),
-        "max_tokens": ("pos_int", 100),
-    },
-    # Waiting costs nothing and wakes at once: user's streams (a low limit) alone, with probe
-    # requests of probe_user (unthrottled) and closed streams arriving while the engine waits.
-    "waiting": {
-        "user": ("user", REQUIRED),
-        "probe_user": ("user", REQUIRED),
-        "streams": ("pos_int", 4),
-        "max_tokens": ("pos_int", 6),
-        "wait_s": ("num", 4.0),
-        "probes": ("pos_int", 8),
-        "probe_max_tokens": ("pos_int", 4),
-        "cancels": ("pos_int", 6),
-        "busy_max_tokens": ("pos_int", 200),
-    },
-    # Throttled requests never hold the KV another user needs, and none of their streams starves:
-    # throttled_user's long-context streams fill most of a small KV cache (engine flags:
-    # --num-gpu-blocks-override), then user's requests arrive one after another; user also runs
-    # alone first (baseline). Preemptions and KV use are read from the engine's /metrics.
-    "kv-pressure": {
-        "throttled_user": ("user", REQUIRED),
-        "throttled_streams": ("pos_int", 6),
-        # instead of throttled_streams: as many streams as fill this fraction of the engine's KV cache
-        # (its size read from /metrics when the phase starts), at least 2
-        "kv_fill": ("fraction", None),
-        "user": ("user", REQUIRED),
-        "requests": ("pos_int", 6),  # the user's requests, one every interval_s after lead_s
-        "interval_s": ("pos_num", 0.8),
-        "lead_s": ("pos_num", 2.0),
-        "user_prompt_tokens": ("pos_int", 512),
-        "max_tokens": ("pos_int", 60),  # the user's requests
-    },
-    # Users share the --max-num-active-seqs places: more streams than places, every user's limit
-    # above what the places deliver. "equal": users x streams at one limit; "high": the users with
-    # one stream each first, then one user at high_limit_tps (cap-high) with high_streams after lead_s. Users cap-00.. and cap-high
-    # take their limits as if declared in [limits.users].
-    "active-cap-fairness": {
-        "users": ("pos_int", 8),
-        "streams": ("pos_int", 2),  # per user
-        "limit_tps": ("pos_int", 1000),
-        "high_limit_tps": ("pos_int", 5000),
-        "high_streams": ("pos_int", 2),
-        "lead_s": ("pos_num", 0.5),
-        "max_tokens": ("pos_int", 200),
-    },
-    # Limits never reached, against the feature off, stock vLLM and the limiter without engine events.
-    "overhead": {
-        "user": ("user", REQUIRED),
-        "streams": ("pos_int", 8),
-        "max_tokens": ("pos_int", 128),
-        "rounds": ("pos_int", 2),
-        # the engines the limiter-on engine is compared with (each one more engine to start)
-        "against": ("overhead_against", ["feature-off", "stock", "no-events"]),
-        # the most the limiter may cost: 1 - the median per-round throughput ratio against each engine of
-        # `against` (verify-bound's --max-overhead wins when given); unset: reported, not judged
-        "max_overhead": ("fraction", None),
-    },
-    # Replay a JSONL trace (docs/trace.md): each request at its arrival offset, with its user, prompt,
-    # max_tokens, cancel, EOS, shared prefix and API. Every trace user is a row of the verdict.
-    "trace": {
-        "trace": ("str", REQUIRED),  # a path relative to the profile's folder, or a built-in trace name
-        "users_at_default_rate": ("bool", False),  # trace users not in [limits.users] take default_tps
-        "backlogged": ("user_list", []),  # users the trace keeps waiting for tokens: delivery, even spacing
-        "lateness_ms": ("pos_num", 20),  # each request sent within this of its trace time (p99: trace-lateness)
-    },
-    # A seeded synthetic population (ratebench/mix.py), replayed like a trace: tiers of users
-    # (<tier>-00.. at the tier's limit) and anonymous requests, open-loop arrivals or a burst.
-    "mix": {
-        "seed": ("nonneg_int", 0),
-        "duration_s": ("pos_num", 10.0),  # arrivals within [0, duration_s)
-        "arrivals": ("arrivals", "poisson"),
-        # each: name, users, limit_tps, arrival; rate (per user per s) or tier_rate (the tier's), burst,
-        # burst_requests; or, with
-        # arrival = "closed": streams (open per user), requests (per user), think_s, backlogged
-        "tiers": ("tiers", REQUIRED),
-        "anonymous_rate": ("nonneg_num", 0),  # anonymous requests per second, in total
-        "burst_at_s": ("nonneg_num", 0),  # when the burst tiers' users arrive, all at once
-        "prompt_tokens": ("length", 32),
-        "output_tokens": ("length", 64),  # max_tokens
-        "eos_fraction": ("fraction", 0),  # a real EOS may end the answer
-        "cancel_fraction": ("fraction", 0),  # closed after 20-80 % of max_tokens
-        "prefix_fraction": ("fraction", 0),  # share one of prefix_groups prefixes of prefix_tokens
-        "prefix_tokens": ("pos_int", 256),
-        "prefix_groups": ("pos_int", 1),
-        "chat_fraction": ("fraction", 0),
-        "lateness_ms": ("pos_num", 20),
-        "baseline": ("bool", False),  # also replay on the limiter-off engine (limits raised)
-        # engine steps allowed after a client's cancel (verify-bound's --cancel-max-steps when higher):
-        # under a heavy mix an abort reaches the engine a few steps late, the limiter off alike
-        "cancel_max_steps": ("pos_int", None),
-    },
-    # A fleet: `engines` limiter-on engines of the same flags behind a load balancer (HAProxy), one
-    # phase per routing policy. Each of `users` sends `streams` backlogged streams through the
-    # balancer, with its name in `user_header` (as a gateway that authenticates users sets it) and
-    # in vllm_xargs. The per-user bound is judged across the fleet as well as per engine: under
-    # round-robin a user's streams spread over the engines and the fleet gives it up to
-    # engines x its limit (FAIL, by design of the policy); under user-hash it holds.
-    "fleet": {
-        "users": ("user_list", REQUIRED),
-        "streams": ("pos_int", 4),
-        "max_tokens": ("pos_int", 60),
-        "engines": ("pos_int", 2),
-        "policies": ("policies", list(FLEET_POLICIES)),
-        "user_header": ("header", "X-Ratebench-User"),
-        # a last phase under user-hash in which the engine serving the most users is stopped
-        # `failover_after_s` in; each stream is a closed loop of `failover_requests` answers of
-        # `failover_max_tokens`, so that its user goes on sending after the move
-        "failover": ("bool", True),
-        "failover_after_s": ("pos_num", 1.5),
-        "failover_requests": ("pos_int", 3),
-        "failover_max_tokens": ("pos_int", 16),
-        # users whose limits cannot bind: each sends `light_requests` answers of `light_max_tokens` through
-        # the balancer, open loop, `light_every_s` apart, while the backlogged users are throttled (all of a
-        # light user's tokens of a phase fit in one burst of its limit)
-        "light_users": ("user_list", []),
-        "light_requests": ("pos_int", 8),
-        "light_max_tokens": ("pos_int", 8),
-        "light_every_s": ("pos_num", 0.25),
-        # each policy's phase again on `engines` limiter-off engines behind a balancer of their own (the same
-        # requests): isolation judges the light users across the fleet against it
-        "baseline": ("bool", False),
-    },
-}
-# Kinds whose requests say their own prompt and API (no common parameters).
-_OWN_REQUESTS = ("trace", "mix")
-for _name, _kind in SCENARIO_PARAMS.items():
-    for _k, _v in _COMMON.items():
-        if _name not in _OWN_REQUESTS:
-            _kind.setdefault(_k, _v)
-SCENARIO_KINDS = tuple(SCENARIO_PARAMS)
+
+@dataclass(frozen=True)
+class Kind:
+    """A scenario kind: its parameters (name -> (check of ``_CHECKS``, default or ``REQUIRED``)),
+    the rules that make a scenario of it able to show what it is for, and its phases. Each kind is one
+    module of :mod:`ratebench.scenarios` that registers its Kind (:func:`register`); the profile
+    schema looks kinds up here and never imports one.
+
+    ``validate(v, params, where, limits, engine, model)`` raises :class:`ProfileError` naming the
+    key, may complete ``params`` (what it read, e.g. a trace's digest), and returns the users the
+    scenario adds with their limits (engine flags, like [limits.users]), or None. ``plan(spec)``
+    gives the scenario's phases (a list of ``ratebench.scenarios.base.PhasePlan``)."""
+
+    name: str
+    params: dict[str, tuple[str, Any]]
+    plan: Callable[[ScenarioSpec], list]
+    validate: Callable[..., dict[str, int] | None] | None = None
+    common: bool = True  # takes the parameters every kind takes (_COMMON)
+    fits_model: bool = True  # the rule that a prompt plus its max_tokens fits model.max_model_len applies
+
+
+_KINDS: dict[str, Kind] = {}
+# The package that registers the built-in kinds when it is imported: loaded by name, as a plugin would be.
+KINDS_PACKAGE = "ratebench.scenarios"
+
+
+def register(kind: Kind) -> Kind:
+    """Make a scenario kind known to profiles (a kind module calls this when it is imported)."""
+    if kind.name in _KINDS and _KINDS[kind.name] is not kind:
+        raise ValueError(f"scenario kind {kind.name!r} is registered twice")
+    _KINDS[kind.name] = kind
+    return kind
+
+
+def kinds() -> dict[str, Kind]:
+    """The scenario kinds by name, in the order their package registers them."""
+    if not _KINDS:
+        importlib.import_module(KINDS_PACKAGE)
+    return _KINDS
+
+
+def scenario_kinds() -> tuple[str, ...]:
+    return tuple(kinds())
 
 # Parameters naming users, per kind (checked against [limits.users]).
 _USER_PARAMS = ("user", "neighbour", "throttled_user", "spoof_as", "named_user", "probe_user")
@@ -527,7 +335,7 @@ def load_profile(name_or_path: str = DEFAULT_PROFILE) -> Profile:
 
 def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
     """Validate a profile's parsed TOML."""
-    v = _Validator(path)
+    v = Validator(path)
     v.keys(data, "", {"profile", "model", "engine", "limits", "scenarios"}, required={"model", "engine", "limits", "scenarios"})
 
     prof = v.table(data, "profile", optional=True)
@@ -670,7 +478,9 @@ def with_run_options(profile: Profile, *, scenarios: list[str] | None = None, ov
                    max_engines=profile.max_engines if max_engines is None else max_engines)
 
 
-class _Validator:
+class Validator:
+    """Reads a profile's tables, naming the file, the key and what was expected in every error."""
+
     def __init__(self, path: Path | str) -> None:
         self.path = path
 
@@ -717,12 +527,18 @@ class _Validator:
 
     def scenario(self, raw: Any, where: str, profile_modes: list[str], limits: Limits, engine: EngineFlags,
                  model: ModelSpec) -> ScenarioSpec:
+        """One [[scenarios]] table; the users it adds get their limits in ``limits`` (the profile's own)."""
         if not isinstance(raw, dict):
             raise ProfileError(self.path, where, "a table", raw)
+        known = kinds()
         kind = raw.get("kind")
-        if kind not in SCENARIO_PARAMS:
-            raise ProfileError(self.path, f"{where}.kind", f"one of {list(SCENARIO_KINDS)}", kind)
-        schema = SCENARIO_PARAMS[kind]
+        if kind not in known:
+            raise ProfileError(self.path, f"{where}.kind", f"one of {list(known)}", kind)
+        k = known[kind]
+        schema = dict(k.params)
+        if k.common:
+            for key, value in _COMMON.items():
+                schema.setdefault(key, value)
         self.keys(raw, where, {"name", "kind", "scheduling", *schema})
         name = self.get(raw, where, "name", "str", kind)
         modes = self.scheduling(raw, f"{where}.scheduling", profile_modes[:1])
@@ -736,267 +552,18 @@ class _Validator:
             if user is not None and user not in limits.user_tps:
                 raise ProfileError(self.path, f"{where}.{key}",
                                    f"a user declared in [limits.users] (known: {sorted(limits.user_tps)})", user)
-        self._scenario_rules(kind, params, where, limits, engine, model)
+        added = k.validate(self, params, where, limits, engine, model) if k.validate is not None else None
+        if k.fits_model:
+            _fits_model(self, params, where, model)
+        limits.user_tps.update(added or {})
         return ScenarioSpec(name=name, kind=kind, scheduling=modes, params=params)
 
-    def _fleet_rules(self, p: dict, where: str, limits: Limits, model: ModelSpec) -> None:
-        if not p["users"]:
-            raise ProfileError(self.path, f"{where}.users", "at least one user", p["users"])
-        for user in p["users"]:
-            if user not in limits.user_tps:
-                raise ProfileError(self.path, f"{where}.users",
-                                   f"users declared in [limits.users] (known: {sorted(limits.user_tps)})", user)
-        if p["engines"] < 2:
-            raise ProfileError(self.path, f"{where}.engines", "at least 2 engines (a fleet of one is one engine)",
-                               p["engines"])
-        if p["streams"] < p["engines"]:
-            raise ProfileError(self.path, f"{where}.streams",
-                               f"at least as many streams as engines ({p['engines']}), so that round-robin spreads "
-                               "a user over the fleet", p["streams"])
-        for key in ("max_tokens", "failover_max_tokens", "light_max_tokens"):
-            if model.max_model_len is not None and p["prompt_tokens"] + p[key] >= model.max_model_len:
-                raise ProfileError(self.path, f"{where}.{key}",
-                                   f"prompt_tokens + {key} below model.max_model_len ({model.max_model_len})", p[key])
-        for user in p["light_users"]:
-            if user in p["users"]:
-                raise ProfileError(self.path, f"{where}.light_users", "users not in `users` (those are backlogged)",
-                                   user)
-            burst = 0.1 * limits.limit_of(user) + 1
-            if p["light_requests"] * p["light_max_tokens"] > burst:
-                raise ProfileError(self.path, f"{where}.light_users",
-                                   f"users whose limit cannot bind: light_requests x light_max_tokens "
-                                   f"({p['light_requests'] * p['light_max_tokens']}) within one burst of the "
-                                   f"user's limit (0.1 s x {limits.limit_of(user)} tok/s + 1 = {burst:g} tokens); "
-                                   "give it a higher limit in [limits.users] or send less", user)
-        if p["baseline"] and not p["light_users"]:
-            raise ProfileError(self.path, f"{where}.baseline",
-                               "light_users to judge against it (the backlogged users' limits bind: isolation "
-                               "judges the users whose limits do not)", p["baseline"])
-        if p["failover"]:
-            # the stop must come while the users still send: well before their closed loops end at their limits
-            lasts = min(p["streams"] * p["failover_requests"] * p["failover_max_tokens"] / limits.limit_of(u)
-                        for u in p["users"])
-            if p["failover_after_s"] > lasts / 2:
-                raise ProfileError(self.path, f"{where}.failover_after_s",
-                                   f"at most half the failover phase at the users' limits ({lasts / 2:.2f} s: "
-                                   "streams x failover_requests x failover_max_tokens / limit), so that users "
-                                   "still send after the stop", p["failover_after_s"])
-
-    def _scenario_rules(self, kind: str, p: dict, where: str, limits: Limits, engine: EngineFlags,
-                        model: ModelSpec) -> None:
-        """What makes a scenario able to show what it is for."""
-        max_len = model.max_model_len
-        if kind == "trace":
-            self._trace_rules(p, where, limits, max_len)
-            return
-        if kind == "mix":
-            self._mix_rules(p, where, limits, max_len)
-            return
-        if kind == "isolation":
-            if p["throttled_streams"] <= engine.max_num_active_seqs:
-                raise ProfileError(self.path, f"{where}.throttled_streams",
-                                   f"more streams than engine.max_num_active_seqs ({engine.max_num_active_seqs})",
-                                   p["throttled_streams"])
-            if limits.limit_of(p["user"]) <= limits.limit_of(p["throttled_user"]):
-                raise ProfileError(self.path, f"{where}.user",
-                                   f"a user whose limit is above {p['throttled_user']}'s "
-                                   f"({limits.limit_of(p['throttled_user'])} tok/s)", p["user"])
-        if kind == "fleet":
-            self._fleet_rules(p, where, limits, model)
-            return
-        if kind == "kv-pressure":
-            self._kv_pressure_rules(p, where, limits, engine, max_len)
-            return
-        if kind == "active-cap-fairness":
-            self._active_cap_rules(p, where, limits, engine, max_len)
-            return
-        if kind == "long-prompt":
-            batched = engine.max_num_batched_tokens
-            if batched is None:
-                raise ProfileError(self.path, "engine.max_num_batched_tokens",
-                                   "a value when a long-prompt scenario runs (prompts are sized from it)",
-                                   has_got=False)
-            if p["prompt_tokens"] < 2 * batched:
-                raise ProfileError(self.path, f"{where}.prompt_tokens",
-                                   f"at least twice engine.max_num_batched_tokens ({2 * batched}), so prefill is chunked",
-                                   p["prompt_tokens"])
-        if kind == "eos" and p["answer_tokens"][1] >= p["max_tokens"]:
-            raise ProfileError(self.path, f"{where}.answer_tokens", f"answers shorter than max_tokens ({p['max_tokens']})",
-                               p["answer_tokens"])
-        if max_len is not None:
-            need = p.get("prefix_tokens", 0) + p["prompt_tokens"] + max(
-                p.get("max_tokens", 0), p.get("followup_max_tokens", 0), p.get("neighbour_max_tokens", 0))
-            if need > max_len:
-                raise ProfileError(self.path, f"{where}.prompt_tokens",
-                                   f"prompt plus max_tokens within model.max_model_len ({max_len})", need)
-
-    def _kv_pressure_rules(self, p: dict, where: str, limits: Limits, engine: EngineFlags,
-                           max_len: int | None) -> None:
-        """The throttled user is throttled below the user, and has more streams than active places; a
-        KV cache small enough to be under pressure is the profile's to set (the check on the phase says
-        whether it was: kv-pressure-applied)."""
-        if limits.limit_of(p["user"]) <= limits.limit_of(p["throttled_user"]):
-            raise ProfileError(self.path, f"{where}.user",
-                               f"a user whose limit is above {p['throttled_user']}'s "
-                               f"({limits.limit_of(p['throttled_user'])} tok/s)", p["user"])
-        if p["throttled_streams"] < 2:
-            raise ProfileError(self.path, f"{where}.throttled_streams",
-                               "at least 2 (whether the user's streams take turns is checked)", p["throttled_streams"])
-        if max_len is not None:
-            for key in ("prompt_tokens", "user_prompt_tokens"):
-                need = p[key] + (p["max_tokens"] if key == "user_prompt_tokens" else 1)
-                if need >= max_len:
-                    raise ProfileError(self.path, f"{where}.{key}",
-                                       f"prompt plus max_tokens within model.max_model_len ({max_len})", need)
-
-    def _active_cap_rules(self, p: dict, where: str, limits: Limits, engine: EngineFlags,
-                          max_len: int | None) -> None:
-        """More streams than active places, no more than the engine runs at once; the users
-        cap-00.. and cap-high get their limits (engine flags, like [limits.users])."""
-        places = engine.max_num_active_seqs
-        total = p["users"] * p["streams"]
-        if p["users"] < 2 or total <= places:
-            raise ProfileError(self.path, f"{where}.users",
-                               f"at least 2 users with more streams in all than engine.max_num_active_seqs "
-                               f"({places})", p["users"])
-        most = max(total, p["users"] + p["high_streams"])
-        if most > engine.max_num_seqs:
-            raise ProfileError(self.path, f"{where}.users",
-                               f"users x streams and users + high_streams within engine.max_num_seqs "
-                               f"({engine.max_num_seqs}), so that every stream runs and only the active places are "
-                               "scarce", most)
-        if p["high_limit_tps"] <= p["limit_tps"]:
-            raise ProfileError(self.path, f"{where}.high_limit_tps", f"above limit_tps ({p['limit_tps']})",
-                               p["high_limit_tps"])
-        low, high = active_cap_users(p)
-        for user in [*low, high]:
-            if user in limits.user_tps:
-                raise ProfileError(self.path, f"{where}.users",
-                                   f"users {low[0]}.. and {high} not declared in [limits.users]", user)
-            limits.user_tps[user] = p["high_limit_tps"] if user == high else p["limit_tps"]
-        if max_len is not None and p["prompt_tokens"] + p["max_tokens"] > max_len:
-            raise ProfileError(self.path, f"{where}.max_tokens",
-                               f"prompt plus max_tokens within model.max_model_len ({max_len})",
-                               p["prompt_tokens"] + p["max_tokens"])
-
-    def _trace_rules(self, p: dict, where: str, limits: Limits, max_len: int | None) -> None:
-        """The trace file reads (its own errors name its file and line), its users have limits, the
-        backlogged users are in it, and each request fits the model. Records the file's resolved path,
-        digest and size in the parameters (the scenario reads the file again when it runs)."""
-        from ratebench.trace import TraceError, read_trace, resolve_trace, trace_sha256, trace_users
-
-        try:
-            path = resolve_trace(p["trace"], Path(self.path).parent, BUILTIN_DIR)
-        except TraceError as exc:
-            raise ProfileError(self.path, f"{where}.trace", exc.expected, p["trace"]) from None
-        try:
-            requests = read_trace(path)
-        except TraceError as exc:
-            key = f"line {exc.line}" + (f": {exc.field}" if exc.field else "") if exc.line else "(file)"
-            raise ProfileError(path, key, exc.expected, exc.got, has_got=exc.has_got) from None
-        users = trace_users(requests)
-        requests = sorted(requests, key=lambda r: r.line)  # the first mistake in the file is the one named
-        if not p["users_at_default_rate"]:
-            for r in requests:
-                if r.user is not None and r.user not in limits.user_tps:
-                    raise ProfileError(path, f"line {r.line}: user",
-                                       f"a user declared in [limits.users] of {self.path} (known: "
-                                       f"{sorted(limits.user_tps)}), or {where}.users_at_default_rate = true",
-                                       r.user)
-        for user in p["backlogged"]:
-            if user not in users:
-                raise ProfileError(self.path, f"{where}.backlogged", f"users of the trace ({', '.join(users)})", user)
-        if max_len is not None:
-            for r in requests:
-                need = (r.prefix_tokens or 0) + (r.prompt if isinstance(r.prompt, int) else 0) + r.max_tokens
-                if need > max_len:
-                    raise ProfileError(path, f"line {r.line}: max_tokens",
-                                       f"prefix, prompt and max_tokens within model.max_model_len ({max_len}) of "
-                                       f"{self.path}", need)
-        p["trace_path"] = str(path.resolve())
-        p["trace_sha256"] = trace_sha256(path)
-        p["trace_requests"] = len(requests)
-
-    def _mix_rules(self, p: dict, where: str, limits: Limits, max_len: int | None) -> None:
-        """Each tier and length is well formed; the tiers' users get their limits in ``limits``
-        (they are engine flags like [limits.users]); the seed makes at least one request, and each fits."""
-        from ratebench.mix import CLOSED, TIER_ARRIVALS, mix_requests, tier_users
-
-        names: set[str] = set()
-        open_keys = ("rate", "tier_rate", "burst", "burst_requests")
-        closed_keys = ("streams", "requests", "think_s", "backlogged")
-        tier_keys = {"name", "users", "limit_tps", "arrival", "isolated", *open_keys, *closed_keys}
-        for i, tier in enumerate(p["tiers"]):
-            at = f"{where}.tiers[{i}]"
-            self.keys(tier, at, tier_keys, required={"name", "users"})
-            name = self.get(tier, at, "name", "str", REQUIRED)
-            # a tier whose users must proceed as in the mix-baseline phase (a limit they never reach)
-            if self.get(tier, at, "isolated", "bool", False) and not p["baseline"]:
-                raise ProfileError(self.path, f"{at}.isolated", f"{where}.baseline = true with it (the phase its "
-                                   "users are compared with)", has_got=False)
-            if not all(c.isalnum() or c in "-_." for c in name) or name in names:
-                raise ProfileError(self.path, f"{at}.name", "a unique name of letters, digits, - _ .", name)
-            names.add(name)
-            self.get(tier, at, "users", "pos_int", REQUIRED)
-            limit = self.get(tier, at, "limit_tps", "pos_int", None)
-            arrival = tier.get("arrival", p["arrivals"])
-            if arrival not in TIER_ARRIVALS:
-                raise ProfileError(self.path, f"{at}.arrival", f"one of {list(TIER_ARRIVALS)}".replace("'", '"'),
-                                   arrival)
-            if arrival == CLOSED:
-                for key in open_keys:
-                    if key in tier:
-                        raise ProfileError(self.path, f"{at}.{key}", 'no rate nor burst with arrival = "closed" (each '
-                                           "user sends its next request when one of its streams ends): remove it",
-                                           has_got=False)
-                streams = self.get(tier, at, "streams", "pos_int", 1)
-                requests = self.get(tier, at, "requests", "pos_int", REQUIRED)
-                self.get(tier, at, "think_s", "nonneg_num", 0)
-                self.get(tier, at, "backlogged", "bool", False)
-                if streams > requests:
-                    raise ProfileError(self.path, f"{at}.streams", f"at most requests ({requests}), the requests each "
-                                       "user sends in all", streams)
-            else:
-                for key in closed_keys:
-                    if key in tier:
-                        raise ProfileError(self.path, f"{at}.{key}", 'arrival = "closed" with it (an open-loop user '
-                                           "sends at its rate or in a burst)", has_got=False)
-                burst = self.get(tier, at, "burst", "bool", False)
-                if "tier_rate" in tier and (burst or "rate" in tier):
-                    raise ProfileError(self.path, f"{at}.tier_rate", "a tier with neither rate (per user) nor burst "
-                                       "(tier_rate is the requests per second of the whole tier): keep one of them",
-                                       tier["tier_rate"])
-                self.get(tier, at, "tier_rate", "nonneg_num", None)
-                self.get(tier, at, "rate", "nonneg_num", None if burst or "tier_rate" in tier else REQUIRED)
-                self.get(tier, at, "burst_requests", "pos_int", 1)
-                if not burst and tier.get("burst_requests") is not None:
-                    raise ProfileError(self.path, f"{at}.burst_requests", "burst = true with it", has_got=False)
-            for user in tier_users(tier):
-                if user in limits.user_tps:
-                    raise ProfileError(self.path, f"{at}.name", f"a tier whose users ({user}, ...) are not declared "
-                                       "in [limits.users] or by another tier", name)
-                if limit is not None:
-                    limits.user_tps[user] = limit
-        for key in ("prompt_tokens", "output_tokens"):
-            spec = p[key]
-            if isinstance(spec, dict):
-                forms = {"fixed": {"value"}, "uniform": {"low", "high"}, "lognormal": {"median", "sigma"}}
-                dist = spec.get("dist")
-                if dist not in forms:
-                    raise ProfileError(self.path, f"{where}.{key}.dist", f"one of {sorted(forms)}", dist)
-                self.keys(spec, f"{where}.{key}", {"dist", *forms[dist], *(("max",) if dist == "lognormal" else ())},
-                          required=forms[dist])
-                for k in forms[dist] | {"max"}:
-                    self.get(spec, f"{where}.{key}", k, "pos_num" if k in ("median", "sigma") else "pos_int", None)
-                if dist == "uniform" and spec["low"] > spec["high"]:
-                    raise ProfileError(self.path, f"{where}.{key}.low", f"at most high ({spec['high']})", spec["low"])
-        requests = mix_requests(p)
-        if not requests:
-            raise ProfileError(self.path, f"{where}.tiers", "rates, a burst or anonymous_rate that make at least one "
-                               f"request in duration_s ({p['duration_s']:g} s) with seed {p['seed']}", has_got=False)
-        if max_len is not None:
-            need = max((r.prefix_tokens or 0) + r.prompt + r.max_tokens for r in requests)
-            if need > max_len:
-                raise ProfileError(self.path, f"{where}.output_tokens",
-                                   f"prefix, prompt and max_tokens within model.max_model_len ({max_len})", need)
-        p["mix_requests"] = len(requests)
+def _fits_model(v: Validator, p: dict, where: str, model: ModelSpec) -> None:
+    """A prompt (and any shared prefix) plus the longest answer within model.max_model_len."""
+    max_len = model.max_model_len
+    if max_len is not None:
+        need = p.get("prefix_tokens", 0) + p["prompt_tokens"] + max(
+            p.get("max_tokens", 0), p.get("followup_max_tokens", 0), p.get("neighbour_max_tokens", 0))
+        if need > max_len:
+            raise ProfileError(v.path, f"{where}.prompt_tokens",
+                               f"prompt plus max_tokens within model.max_model_len ({max_len})", need)

@@ -170,7 +170,7 @@ def test_phases_without_the_params_have_no_pressure_figures(tmp_path):
 
 
 def test_engine_metrics_read_preemptions_kv_use_and_size():
-    from ratebench.scenarios import parse_engine_metrics
+    from ratebench.engine_metrics import parse_engine_metrics
 
     text = """# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.
 # TYPE vllm:num_preemptions_total counter

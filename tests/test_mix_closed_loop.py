@@ -10,7 +10,9 @@ import pytest
 
 from ratebench.mix import mix_requests
 from ratebench.profiles import parse_profile
-from ratebench.scenarios import EngineRef, ScenarioContext, _mix_users, _trace_streams
+from ratebench.scenarios import EngineRef, ScenarioContext
+from ratebench.scenarios.mix import mix_phase_users
+from ratebench.scenarios.trace import trace_streams
 from ratebench.workload import Driver, StreamRequest
 from test_mix import _data, _refused
 from test_trace import _FakeDriver
@@ -99,7 +101,7 @@ def test_a_closed_tier_makes_its_requests_per_user_in_one_loop_each() -> None:
 def test_a_closed_loop_reaches_the_driver_as_one_loop_per_user() -> None:
     reqs = mix_requests(_mix())
     ctx = ScenarioContext(profile=None, spec=None, driver=_FakeDriver(), on_phase=lambda p: None)  # type: ignore
-    out = asyncio.run(_trace_streams(ctx, EngineRef("e", "http://engine", "m", True, "patched"), reqs, "s"))
+    out = asyncio.run(trace_streams(ctx, EngineRef("e", "http://engine", "m", True, "patched"), reqs, "s"))
     for r, s in zip(reqs, out):
         if r.loop_streams:
             assert (s.loop_group, s.loop_streams) == (r.user, 2)
@@ -109,11 +111,11 @@ def test_a_closed_loop_reaches_the_driver_as_one_loop_per_user() -> None:
 
 def test_the_mix_phase_records_each_users_tier_and_the_backlogged_closed_loops() -> None:
     p = _mix(backlogged=True)
-    users = _mix_users(p, mix_requests(p))
+    users = mix_phase_users(p, mix_requests(p))
     assert users["loop-00"]["tier"] == "loop" and users["t1-01"]["tier"] == "t1"
     assert users["loop-01"]["backlogged"] and not users["t1-00"]["backlogged"]
     assert "tier" not in users["__anonymous__"]
-    assert not _mix_users(_mix(), mix_requests(_mix()))["loop-00"]["backlogged"]
+    assert not mix_phase_users(_mix(), mix_requests(_mix()))["loop-00"]["backlogged"]
 
 
 _T0 = "scenarios[0].tiers[0]"

@@ -15,11 +15,11 @@ from ratebench.cli import app
 from ratebench.scenarios import plan_scenario
 from ratebench.profiles import (
     BUILTIN_DIR,
-    SCENARIO_KINDS,
     ProfileError,
     list_profiles,
     load_profile,
     parse_profile,
+    scenario_kinds,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def test_every_builtin_profile_loads() -> None:
 def test_cpu_tiny_runs_every_scenario_kind_in_sync_and_async() -> None:
     prof = load_profile("cpu-tiny")
     # every kind but the fleet, which needs HAProxy and engines of its own: cpu-fleet runs it
-    assert {s.kind for s in prof.scenarios} == set(SCENARIO_KINDS) - {"fleet"}
+    assert {s.kind for s in prof.scenarios} == set(scenario_kinds()) - {"fleet"}
     assert {s.kind for s in load_profile("cpu-fleet").scenarios} == {"fleet"}
     seed = next(s for s in prof.scenarios if s.kind == "seed-experiment")
     assert seed.scheduling == ["sync", "async"]
@@ -395,3 +395,55 @@ def test_a_fleet_counts_as_its_members_among_the_engines_alive_at_once() -> None
     assert engines_wanted(["fleet2-sync", "patched-sync"], 3) == ["fleet2-sync", "patched-sync"]
     assert engines_wanted(["patched-sync", "fleet2-sync"], 2) == ["patched-sync"]
     assert engines_wanted(["fleet3-sync"], 2) == ["fleet3-sync"]  # the next phase's engines always run
+
+
+NEW_KIND = '''
+"""A scenario kind written for a test: one module, registered when imported."""
+from ratebench.profiles import REQUIRED, Kind, ProfileError, register
+from ratebench.scenarios.base import ROLE_FEATURE_ON, PhaseEstimate, PhasePlan, engine_name
+
+PARAMS = {"user": ("user", REQUIRED), "answers": ("pos_int", 3), "max_tokens": ("pos_int", 8)}
+
+
+def plan(spec):
+    async def run(ctx, engine):
+        raise AssertionError("not run here")
+
+    return [PhasePlan(spec.name, f"answer-{k}", engine_name(ROLE_FEATURE_ON, mode), run,
+                      lambda limits: PhaseEstimate(None, "a test"))
+            for mode in spec.scheduling for k in range(spec.params["answers"])]
+
+
+def validate(v, p, where, limits, engine, model):
+    if p["answers"] > engine.max_num_seqs:
+        raise ProfileError(v.path, f"{where}.answers", "at most engine.max_num_seqs", p["answers"])
+    return {"probe-added": 7}
+
+
+KIND = register(Kind("probe-kind", PARAMS, plan, validate=validate))
+'''
+
+
+def test_a_new_scenario_kind_is_one_module_and_its_profile_entry(tmp_path, monkeypatch) -> None:
+    """A module that registers a Kind (its parameters, rules and phases) is all a new kind needs: the
+    profile schema takes its parameters, applies its rules and the users it adds, and plans it."""
+    import importlib
+
+    from ratebench import profiles
+
+    (tmp_path / "probe_kind.py").write_text(NEW_KIND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(profiles, "_KINDS", dict(profiles.kinds()))
+    importlib.import_module("probe_kind")
+    monkeypatch.delitem(sys.modules, "probe_kind")
+    data = _cpu_tiny()
+    data["scenarios"] = [{"kind": "probe-kind", "user": "user-a", "answers": 2, "scheduling": ["sync", "async"]}]
+    prof = parse_profile(data, "my.toml")
+    (spec,) = prof.scenarios
+    assert spec.params == {"user": "user-a", "answers": 2, "max_tokens": 8, "api": "completions", "prompt_tokens": 32}
+    assert prof.limits.user_tps["probe-added"] == 7  # the users a kind adds get their limits
+    assert [p.phase for p in plan_scenario(spec)] == ["answer-0", "answer-1"] * 2
+    data["scenarios"][0]["answers"] = 99
+    _refused(data, "scenarios[0].answers", "at most engine.max_num_seqs")
+    data["scenarios"][0]["answer"] = 1
+    _refused(data, "scenarios[0].answer", "one of the known keys")

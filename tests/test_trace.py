@@ -18,13 +18,8 @@ from ratebench.analysis.lateness import trace_lateness
 from ratebench.cli import app
 from ratebench.events import ClientRecord, write_client_records
 from ratebench.profiles import BUILTIN_DIR, Limits, ProfileError, load_profile, parse_profile
-from ratebench.scenarios import (
-    ScenarioContext,
-    _trace_estimate,
-    _trace_streams,
-    _trace_users,
-    plan_scenario,
-)
+from ratebench.scenarios import ScenarioContext, plan_scenario
+from ratebench.scenarios.trace import trace_estimate, trace_phase_users, trace_streams
 from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from ratebench.trace import (
     TraceError,
@@ -261,7 +256,7 @@ def test_the_trace_is_one_phase_with_every_trace_user_backlogged_only_where_the_
     (phase,) = plan_scenario(spec)
     assert (phase.phase, phase.engine) == ("trace", "patched-sync")
     reqs = read_trace(EXAMPLE)
-    users = _trace_users(reqs, ["user-a"])
+    users = trace_phase_users(reqs, ["user-a"])
     assert set(users) == set(trace_users(reqs))
     assert sum(u["streams"] for u in users.values()) == len(reqs)
     assert [u for u, info in users.items() if info["backlogged"]] == ["user-a"]
@@ -271,10 +266,10 @@ def test_the_estimate_is_the_last_arrival_or_a_users_tokens_at_its_limit() -> No
     limits = Limits(default_tps=100, user_tps={"a": 10})
     reqs = [TraceRequest(0.5, "a", 8, 40), TraceRequest(1.0, "a", 8, 60, cancel_after_tokens=10),
             TraceRequest(2.0, None, 8, 500, cancel_after_s=1.0), TraceRequest(3.0, None, 8, 500, eos=True)]
-    est = _trace_estimate(reqs, limits)
+    est = trace_estimate(reqs, limits)
     assert est.at_least_s == pytest.approx(0.5 + 50 / 10)
     assert "a 50 tok at 10 tok/s from 0.5 s: 5.5 s" in est.basis and "4 requests" in est.basis
-    assert _trace_estimate(reqs, None).at_least_s == 3.0
+    assert trace_estimate(reqs, None).at_least_s == 3.0
 
 
 class _FakeMaker:
@@ -306,7 +301,7 @@ def test_each_trace_request_becomes_a_stream_request_as_the_line_says() -> None:
     reqs = read_trace(EXAMPLE)
     ctx = ScenarioContext(profile=None, spec=None, driver=_FakeDriver(), on_phase=lambda p: None)  # type: ignore
     engine = EngineRef("patched-sync", "http://engine", "tiny-qwen3", True, "patched")
-    out = asyncio.run(_trace_streams(ctx, engine, reqs, "salt"))
+    out = asyncio.run(trace_streams(ctx, engine, reqs, "salt"))
     assert len(out) == len(reqs)
     for i, (r, s) in enumerate(zip(reqs, out)):
         assert (s.user, s.max_tokens, s.api, s.ignore_eos, s.delay_s, s.stream_index) == (
@@ -338,7 +333,7 @@ def test_the_driver_sends_a_trace_within_its_lateness() -> None:
     ctx = ScenarioContext(profile=None, spec=None, driver=_FakeDriver(), on_phase=lambda p: None)  # type: ignore
     from ratebench.scenarios import EngineRef
 
-    streams = asyncio.run(_trace_streams(ctx, EngineRef("e", "http://engine", "m", True, "patched"), reqs, "s"))
+    streams = asyncio.run(trace_streams(ctx, EngineRef("e", "http://engine", "m", True, "patched"), reqs, "s"))
     for s in streams:  # a shorter replay of the same arrivals
         s.delay_s /= 10
     driver = Driver("ab12", live=False, transport=httpx.MockTransport(handler))

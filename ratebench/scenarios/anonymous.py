@@ -1,0 +1,94 @@
+"""The ``anonymous-and-spoofing`` scenario kind. Requests without output_rate_user share __anonymous__; nothing
+else a client sends (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, a priority, on
+both APIs) names spoof_as. named_user's streams send output_rate_user and the same spoofs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratebench.profiles import ANONYMOUS_USER, REQUIRED, Kind, Limits, ScenarioSpec, register
+from ratebench.scenarios.base import (
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt, streams_of_user,
+)
+from ratebench.workload import StreamRequest
+
+
+PARAMS: dict[str, tuple[str, Any]] = {
+    "streams": ("pos_int", 2),
+    "spoof_streams": ("pos_int", 5),
+    "spoof_as": ("user", REQUIRED),
+    "named_user": ("user", None),
+    "named_streams": ("pos_int", 2),
+    "max_tokens": ("pos_int", 100),
+}
+
+
+# Every channel a client controls that a careless gateway or patch might take for the rate-limit user:
+# (what the record says, the API, StreamRequest fields). Only vllm_xargs.output_rate_user may count.
+def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
+    user_field = {"openai_user": as_user}
+    headers = {"headers": {"X-User": as_user, "X-Output-Rate-User": as_user, "X-Forwarded-User": as_user,
+                           "X-Api-User": as_user}}
+    xargs = {"extra_xargs": {"user": as_user, "outputRateUser": as_user, "output-rate-user": as_user,
+                             "OUTPUT_RATE_USER": as_user, "output_rate_user_id": as_user}}
+    # a request's priority (accepted by vLLM 0.32.0 under either policy): a limiter that keeps a budget
+    # per user and priority would give one user a budget for every priority it sends
+    return [
+        (f"the OpenAI user field naming {as_user}", "completions", user_field),
+        (f"X-User-style headers naming {as_user}", "completions", headers),
+        (f"other vllm_xargs keys naming {as_user}", "completions", xargs),
+        (f"the user field, headers and vllm_xargs keys naming {as_user}, and priority -1, on chat", "chat",
+         {**user_field, **headers, **xargs, "extra_body": {"priority": -1}}),
+        ("priority 1", "completions", {"extra_body": {"priority": 1}}),
+    ]
+
+
+def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
+    """Requests without output_rate_user share __anonymous__; a user named in any other channel (the
+    OpenAI user field, headers, other vllm_xargs keys, on both APIs) is charged nothing, and a request's
+    priority changes nothing."""
+    p = spec.params
+    named = p["named_user"]
+    total = p["streams"] + p["spoof_streams"]
+
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        salt = phase_salt(ctx, engine, "anonymous")
+        maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+        channels = _spoof_channels(p["spoof_as"])
+        reqs = await streams_of_user(ctx, engine, None, p["streams"], p["max_tokens"], salt + " anon")
+
+        async def spoofing(user: str | None, n: int, first: int, tag: str, last_first: bool = False
+                           ) -> list[StreamRequest]:
+            out = []
+            for k in range(n):
+                # the named user's spoofs take the channels from the last (its few streams send priorities)
+                what, api, fields = channels[(-1 - k if last_first else k) % len(channels)]
+                s = f"{salt} {tag}-{first + k}"
+                if api == "chat":
+                    prompt, exact = maker.text_prompt(p["prompt_tokens"], s), None
+                else:
+                    prompt = await maker.token_prompt(p["prompt_tokens"], s)
+                    exact = len(prompt)
+                out.append(StreamRequest(user=user, prompt=prompt, max_tokens=p["max_tokens"], api=api,
+                                         stream_index=first + k, prompt_tokens=exact,
+                                         spoof=what, **fields))
+            return out
+
+        reqs += await spoofing(None, p["spoof_streams"], p["streams"], "spoof")
+        users = {ANONYMOUS_USER: {"streams": total, "backlogged": True}}
+        if named:
+            reqs += await spoofing(named, p["named_streams"], total, "named", last_first=True)
+            users[named] = {"streams": p["named_streams"], "backlogged": True}
+        await ctx.phase(engine, "anonymous", reqs, users,
+                        params={"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]})
+
+    def estimate(limits: Limits | None) -> PhaseEstimate:
+        budgets = [(None, total, p["max_tokens"])]
+        if named:
+            budgets.append((named, p["named_streams"], p["max_tokens"]))
+        return at_limits(limits, budgets)
+
+    return [PhasePlan(spec.name, "anonymous", main_engine(spec), run, estimate)]
+
+
+KIND = register(Kind("anonymous-and-spoofing", PARAMS, anonymous_and_spoofing))
