@@ -9,7 +9,7 @@ import numpy as np
 
 from ratebench.events import EventFileWriter, read_client_records, read_engine_events, write_client_records
 from ratebench.profiles import ANONYMOUS_USER
-from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 
 
 def one_phase_run(run_dir: Path, *, limiter: str = "gcra", limit_tps: int = 50, streams: int = 2,
@@ -142,7 +142,7 @@ def all_promises_run(run_dir: Path, *, waiting: bool = True, max_tokens: int = 6
     async limiter-on engine, isolation, cancellation, the waiting scenario (``waiting``: its idle, busy and
     waiting phases, the EngineCore's CPU time measured) and the overhead rounds (judged only with a
     ``max_overhead`` threshold)."""
-    from ratebench.synth import overhead_engines, overhead_phases, request_maker
+    from synth import overhead_engines, overhead_phases, request_maker
 
     reqs, cid = request_maker(max_tokens)
 

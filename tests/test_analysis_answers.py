@@ -3,7 +3,7 @@ token for token against the same requests on the limiter-off engine."""
 
 from __future__ import annotations
 
-from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from ratebench.verify import analyse_run
 from synthetic_runs import edit_client_records
 

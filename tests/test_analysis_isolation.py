@@ -8,7 +8,7 @@ import numpy as np
 
 from ratebench.analysis.verdict import Thresholds
 from ratebench.events import STEP_DTYPE, EventFileWriter, read_engine_events
-from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from ratebench.verify import analyse_run
 from synthetic_runs import edit_client_records
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from ratebench.analysis import Thresholds, paired_ratio
-from ratebench.synth import SimEngine, overhead_engines, overhead_phases, write_run_folder
+from synth import SimEngine, overhead_engines, overhead_phases, write_run_folder
 from ratebench.verify import analyse_run
 
 S = 1_000_000_000

@@ -15,7 +15,7 @@ from ratebench.analysis.pressure import fair_shares, place_shares, stream_waits
 from ratebench.analysis.summary import summarize_run
 from ratebench.analysis.verdict import Thresholds
 from ratebench.events import KIND_DISPATCH, KIND_EMIT, EventFileWriter, read_engine_events
-from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from synthetic_runs import edit_scenarios
 
 

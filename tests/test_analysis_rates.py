@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ratebench.analysis import burst_tokens, delivery_ratio, rate_figures
-from ratebench.synth import GcraLimiter
+from synth import GcraLimiter
 
 
 def gcra_trace(limit_tps: int, tokens: int, step_ns: int, rate_divisor: int = 1, streams: int = 1) -> np.ndarray:

@@ -15,7 +15,7 @@ from ratebench.analysis.steps import step_periods
 from ratebench.analysis.verdict import Thresholds
 from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH
 from ratebench.verify import verify_run
-from ratebench.synth import SimRequest
+from synth import SimRequest
 from synthetic_runs import one_phase_run, rewrite_events
 
 NS = 1_000_000_000

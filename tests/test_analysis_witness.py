@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH
-from ratebench.synth import SimRequest, standard_run
+from synth import SimRequest, standard_run
 from ratebench.verify import analyse_run
 from synthetic_runs import edit_client_records, one_phase_run, rewrite_events
 

@@ -27,7 +27,7 @@ from ratebench.events import (
     EventFileWriter,
     read_engine_events,
 )
-from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from synthetic_runs import one_phase_run
 
 META = {"pid": 1, "default_tps": 50, "user_tps": {}, "burst_ns": 100_000_000, "async_scheduling": False,

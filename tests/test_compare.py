@@ -37,7 +37,7 @@ def test_compare_of_an_unusable_run_exits_2(tmp_path):
 
 
 def test_compare_puts_overhead_ratios_and_engine_steps_side_by_side(tmp_path):
-    from ratebench.synth import standard_run
+    from synth import standard_run
 
     a = analyse_run(standard_run(tmp_path / "a")).verdict
     b = analyse_run(standard_run(tmp_path / "b", seed=1)).verdict

@@ -20,7 +20,7 @@ import pytest
 from matplotlib import image as mpimg
 
 from ratebench.outputs.html import OUTCOME_COLOURS, inline
-from ratebench.synth import standard_run
+from synth import standard_run
 from ratebench.verify import verify_run
 from synthetic_runs import mix_run_folder, one_phase_run
 

@@ -11,7 +11,7 @@ import pytest
 from ratebench.outputs.format import in_rounds
 from ratebench.outputs.markdown import render_report
 from ratebench.outputs.plots import write_plots
-from ratebench.synth import standard_run
+from synth import standard_run
 from ratebench.verify import analyse_run, verify_run
 
 

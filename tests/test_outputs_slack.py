@@ -8,7 +8,7 @@ import pytest
 from ratebench.analysis.bound import check_bound
 from ratebench.analysis.slack import bound_slack, phase_slack, spacing_margin
 from ratebench.outputs.plots import MAX_POINTS, _envelope
-from ratebench.synth import standard_run
+from synth import standard_run
 from ratebench.verify import analyse_run, verify_run
 from synthetic_runs import one_phase_run
 

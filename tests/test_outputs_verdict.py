@@ -16,7 +16,7 @@ from ratebench.analysis.verdict import Thresholds
 from ratebench.outputs.console import print_verdict
 from ratebench.outputs.markdown import render_report
 from ratebench.outputs.promises import CHECKS, PROMISE_NAMES, PROMISES, VERDICT_PROMISES, headline, promise_coverage
-from ratebench.synth import standard_run
+from synth import standard_run
 from ratebench.verify import EXIT_PASSED, analyse_run, exit_code, verify_run
 from synthetic_runs import all_promises_run, one_phase_run
 

@@ -20,7 +20,7 @@ from ratebench.events import ClientRecord, write_client_records
 from ratebench.profiles import BUILTIN_DIR, Limits, ProfileError, load_profile, parse_profile
 from ratebench.scenarios import ScenarioContext, plan_scenario
 from ratebench.scenarios.trace import trace_estimate, trace_phase_users, trace_streams
-from ratebench.synth import SimEngine, SimPhase, SimRequest, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 from ratebench.trace import (
     TraceError,
     TraceRequest,

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ratebench.cli import app
-from ratebench.synth import SimEngine, SimPhase, SimRequest, standard_run, write_run_folder
+from synth import SimEngine, SimPhase, SimRequest, standard_run, write_run_folder
 from ratebench.verify import analyse_run, verify_run
 from synthetic_runs import edit_client_records, edit_manifest, one_phase_run
 

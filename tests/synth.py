@@ -1,6 +1,6 @@
 """Synthetic run folders: a simulated engine with correct and broken limiters.
 
-Tests and benchmarks of the verifier use these instead of a real vLLM. The
+The verifier's tests use these instead of a real vLLM (a test fixture, not shipped). The
 simulated engine runs fixed-length steps; at the start of a step it asks the
 limiter for one token per active request (a user's streams take turns), records
 a dispatch event at that instant, and at the end of the step an emit event for

@@ -518,11 +518,11 @@ def test_the_minus_one_is_needed():
 
 class Textbook:
     """docs/promise.md section 2 written out plainly, as the synthetic runs use it
-    (``ratebench.synth.GcraLimiter``): a take at ``now`` is refused iff
+    (``tests/synth.py``'s ``GcraLimiter``): a take at ``now`` is refused iff
     ``tat - now * rate > burst * rate``, else TAT becomes ``max(tat, now * rate) + 10^9``."""
 
     def __init__(self, default_tps: int, user_tps: dict[str, int]) -> None:
-        from ratebench.synth import GcraLimiter
+        from synth import GcraLimiter
 
         self.gcra = GcraLimiter(dict(user_tps), default_tps)
 
