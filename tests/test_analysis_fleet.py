@@ -58,7 +58,7 @@ def test_a_user_of_the_stopped_engine_never_served_again_is_not_moved() -> None:
 
 
 def test_a_per_user_counter_that_differs_from_the_charges_by_one_token_fails_fleet_metrics() -> None:
-    from ratebench.analysis.checks import _fleet_counters
+    from ratebench.analysis.checks.fleet import _fleet_counters
     from ratebench.analysis.fleet import FleetPhase, FleetUser
 
     def phase(e0_counted: float) -> FleetPhase:

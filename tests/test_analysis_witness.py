@@ -207,7 +207,7 @@ def test_a_stream_that_ends_before_the_engine_finished_fails_witness_order(tmp_p
 
 def test_the_clock_slack_is_a_threshold(tmp_path):
     """A token 3 us ahead of its emit passes at the default 5 us, fails at 1 us."""
-    from ratebench.cli.verify import thresholds
+    from ratebench.analysis.thresholds import from_options
 
     run = one_phase_run(tmp_path / "run", limit_tps=50, streams=1, max_tokens=30)
 
@@ -221,10 +221,10 @@ def test_the_clock_slack_is_a_threshold(tmp_path):
     base = dict(delivery_min=0.97, isolation_min=0.9, isolation_ttft_factor=1.5, isolation_ttft_slack_ms=20,
                 max_overhead=None, max_event_overhead=None, cancel_max_steps=1, stream_spread_max=2, jain_min=0.95,
                 emit_tolerance_ms=None, spacing_slack_ms=5, wait_cpu_max=0.2, wake_max_ms=10)
-    loose = analyse_run(run, thresholds(**base)).verdict
+    loose = analyse_run(run, from_options(base)).verdict
     assert check(loose, "witness-order").passed, check(loose, "witness-order").explanation
     assert check(loose, "witness-order").figure == pytest.approx(0.003)
-    strict = analyse_run(run, thresholds(**base, witness_clock_us=1)).verdict
+    strict = analyse_run(run, from_options({**base, "witness_clock_us": 1})).verdict
     assert not check(strict, "witness-order").passed
 
 

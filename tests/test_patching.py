@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from ratebench import patching
+from ratebench import patching, treewrite
 from ratebench.cli import app
-from ratebench.patching import FileDiff, PatchError, apply_chain, apply_file_diff, parse_diff
+from ratebench.unidiff import FileDiff, PatchError, apply_chain, apply_file_diff, parse_diff
 
 FIXTURE = Path(__file__).parent / "fixtures" / "patch_series"
 FIXTURE_PATCH = FIXTURE / "patch"
@@ -405,7 +405,7 @@ def test_a_failed_write_rolls_back_every_file_already_written(site: Path, monkey
     if action == "revert":
         patching.apply_patch(site, FIXTURE_PATCH)
     hashes = tree_hashes(site)
-    real_write = patching._write_file_atomically
+    real_write = treewrite.write_file_atomically
     calls = []
 
     def failing_write(path: Path, data: bytes, *, mode):
@@ -414,7 +414,7 @@ def test_a_failed_write_rolls_back_every_file_already_written(site: Path, monkey
             raise OSError(28, "No space left on device")
         return real_write(path, data, mode=mode)
 
-    monkeypatch.setattr(patching, "_write_file_atomically", failing_write)
+    monkeypatch.setattr(treewrite, "write_file_atomically", failing_write)
     operation = patching.apply_patch if action == "apply" else patching.revert_patch
     with pytest.raises(PatchError, match="No space left on device.*every file was put back"):
         operation(site, FIXTURE_PATCH)
@@ -423,7 +423,7 @@ def test_a_failed_write_rolls_back_every_file_already_written(site: Path, monkey
 
 def test_an_unwritable_tree_is_refused_before_any_write(site: Path, monkeypatch) -> None:
     hashes = tree_hashes(site)
-    monkeypatch.setattr(patching.os, "access", lambda path, mode: False)
+    monkeypatch.setattr(treewrite.os, "access", lambda path, mode: False)
     with pytest.raises(PatchError, match="permission denied; nothing was changed"):
         patching.apply_patch(site, FIXTURE_PATCH)
     assert tree_hashes(site) == hashes
@@ -438,7 +438,7 @@ def test_ctrl_c_during_the_writes_rolls_back_and_keeps_modes(site: Path, monkeyp
     patching.apply_patch(site, FIXTURE_PATCH)
     (site / "vllm" / "events.py").chmod(0o600)
     hashes = tree_hashes(site)
-    real_write = patching._write_file_atomically
+    real_write = treewrite.write_file_atomically
     calls = []
 
     def interrupted_write(path: Path, data: bytes, *, mode):
@@ -447,7 +447,7 @@ def test_ctrl_c_during_the_writes_rolls_back_and_keeps_modes(site: Path, monkeyp
             raise KeyboardInterrupt
         return real_write(path, data, mode=mode)
 
-    monkeypatch.setattr(patching, "_write_file_atomically", interrupted_write)
+    monkeypatch.setattr(treewrite, "write_file_atomically", interrupted_write)
     with pytest.raises(KeyboardInterrupt):
         patching.revert_patch(site, FIXTURE_PATCH)  # deletes events.py first, then fails
     assert tree_hashes(site) == hashes
@@ -483,14 +483,14 @@ def test_a_failed_write_removes_new_files_and_the_folders_made_for_them(
     )
     patching.refresh_pristine_hashes(site, patch_dir)
     hashes = tree_hashes(site)
-    real_write = patching._write_file_atomically
+    real_write = treewrite.write_file_atomically
 
     def failing_write(path: Path, data: bytes, *, mode):
         if path.name == "sched.py":
             raise OSError(5, "Input/output error")
         return real_write(path, data, mode=mode)
 
-    monkeypatch.setattr(patching, "_write_file_atomically", failing_write)
+    monkeypatch.setattr(treewrite, "write_file_atomically", failing_write)
     with pytest.raises(PatchError, match="every file was put back"):
         patching.apply_patch(site, patch_dir)
     assert tree_hashes(site) == hashes

@@ -280,3 +280,23 @@ def test_an_engine_meant_to_run_with_the_limiter_off_that_charges_fails_engine_a
     (bad,) = [c for c in verdict.failures if c.name == "engine-as-asked"]
     assert "meant to run with the limiter off" in bad.explanation
     assert "dispatch events (charges) with the limiter off" in bad.explanation
+
+
+def test_every_threshold_is_an_option_of_verify_bound_with_its_default():
+    """One table (ratebench/analysis/thresholds.py) makes verify-bound's threshold options: every
+    Thresholds field has its row (the burst excepted: each engine's header gives it), each option's
+    default is the field's, and a command line of defaults gives the default Thresholds."""
+    import dataclasses
+
+    from ratebench.analysis.thresholds import NOT_OPTIONS, TABLE, from_options
+    from ratebench.analysis.verdict import Thresholds
+
+    fields = {f.name for f in dataclasses.fields(Thresholds)}
+    assert {t.field for t in TABLE} | set(NOT_OPTIONS) == fields
+    assert len({t.option for t in TABLE}) == len(TABLE)
+    assert from_options({t.param: t.default for t in TABLE}) == Thresholds() == from_options({})
+    slack = next(t for t in TABLE if t.option == "--spacing-slack-ms")
+    assert from_options({slack.param: 7.5}).spacing_slack_ns == 7_500_000
+    result = CliRunner().invoke(app, ["verify-bound", "--help"], env={"COLUMNS": "200"})
+    for t in TABLE:
+        assert t.option in result.output, t.option

@@ -217,8 +217,8 @@ def test_a_users_next_phase_on_an_engine_waits_until_its_burst_is_full_again(mon
     burst the rate figures assume. Other engines and users without a limit do not wait."""
     import time
 
-    from ratebench import scenarios
     from ratebench.profiles import load_profile
+    from ratebench.scenarios import base
     from ratebench.scenarios import EngineRef, ScenarioContext
 
     slept: list[float] = []
@@ -226,7 +226,7 @@ def test_a_users_next_phase_on_an_engine_waits_until_its_burst_is_full_again(mon
     async def fake_sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    monkeypatch.setattr(scenarios.asyncio, "sleep", fake_sleep)
+    monkeypatch.setattr(base.asyncio, "sleep", fake_sleep)
     profile = load_profile("cpu-tiny")
     driver = Driver("t")
     ctx = ScenarioContext(profile=profile, spec=profile.scenarios[0], driver=driver, on_phase=lambda r: None)

@@ -28,7 +28,7 @@ from ratebench.analysis.segments import group_by
 from ratebench.analysis.series import UserSeries, phase_series
 from ratebench.analysis.spacing import _collapse, budget_limited_intervals
 from ratebench.analysis.steps import step_latencies
-from ratebench.analysis.summary import _phase_steps
+from ratebench.analysis.rowgroups import phase_steps
 from ratebench.analysis.verdict import UserPhaseSummary
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
 
@@ -120,7 +120,7 @@ def spacing_margin(t_ns: np.ndarray, req: np.ndarray, counts: np.ndarray | None,
 
 def engine_phase_steps(run: RunData, engine: str) -> dict[int, tuple]:
     """Per phase of one engine: (step starts, periods, went straight on, longest dispatch-to-emit
-    latency), as the verifier measured them for even spacing (``summary._phase_steps``)."""
+    latency), as the verifier measured them for even spacing (``rowgroups.phase_steps``)."""
     trace = run.traces.get(engine)
     if trace is None or not len(trace.records):
         return {}
@@ -130,7 +130,7 @@ def engine_phase_steps(run: RunData, engine: str) -> dict[int, tuple]:
     keep = e_c > 0
     e_t, e_req = recs["t_ns"][em][keep], recs["req"][em][keep]
     latencies = step_latencies(recs["t_ns"][dm], recs["req"][dm], e_t, e_req, e_c[keep])
-    return _phase_steps(run, engine, latencies)
+    return phase_steps(run, engine, latencies)
 
 
 def user_slack(row: UserPhaseSummary, s: UserSeries, steps: tuple | None, spacing_slack_ns: int) -> UserSlack:

@@ -89,7 +89,7 @@ class SpacingWindow:
 
 @dataclass
 class SpacingResult:
-    """Even spacing measured on one user's events in one phase (``checks.py`` judges it)."""
+    """Even spacing measured on one user's events in one phase (``analysis/checks/even.py`` judges it)."""
 
     limit_tps: int
     step_ns: int  # P, the longest step period in the phase, plus the emit shift on emit events

@@ -28,15 +28,16 @@ from ratebench.analysis.reconcile import (
     reconcile_request,
     view_of,
 )
-from ratebench.analysis.segments import group_by, time_order
+from ratebench.analysis import rowgroups
+from ratebench.analysis.segments import time_order
 from ratebench.analysis.series import request_streams
-from ratebench.analysis.spacing import StepIndex, check_spacing_many
-from ratebench.analysis.steps import EngineStep, engine_step, step_latencies, step_periods
+from ratebench.analysis.spacing import check_spacing_many
+from ratebench.analysis.steps import EngineStep, engine_step, step_latencies
 from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
 from ratebench.analysis.witness import WitnessResult, witness_figures
 from ratebench.analysis.bound import BURST_NS
 from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, UserPhaseSummary
-from ratebench.events import ANONYMOUS_USER, FINISH_REASONS, KIND_DISPATCH, KIND_FINISH
+from ratebench.events import ANONYMOUS_USER, FINISH_REASONS, KIND_DISPATCH
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = 1, 2, 3  # events.FINISH_REASONS codes
 
@@ -148,29 +149,6 @@ def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> User
     return summary.rows[key]
 
 
-def _lost_charges(recs: np.ndarray, req_col: np.ndarray, d_req: np.ndarray, e_req: np.ndarray, e_c: np.ndarray,
-                  d_by_req, d_t_r: np.ndarray, n_codes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Charges that a client's cancel left without an emit (an accepted over-charge, docs/promise.md
-    section 3: a step already dispatched when the client cancels), as (dispatch times, request codes), by
-    code then time: each aborted request's last dispatches beyond the tokens it emitted. Even spacing on
-    emit events counts them as emitted at their dispatch, as the budget was spent then (a stream the
-    scenario closes between a charge and its emit made a window 2 tokens short of a user whose dispatch
-    side was even)."""
-    fin = recs["kind"] == KIND_FINISH
-    aborted = np.zeros(n_codes, dtype=bool)
-    aborted[req_col[fin][recs["reason"][fin] == FINISH_ABORT]] = True
-    lost = np.where(aborted, np.bincount(d_req, minlength=n_codes)
-                    - np.bincount(e_req, weights=e_c, minlength=n_codes).astype(np.int64), 0)
-    g = d_by_req
-    n_lost = np.clip(lost[g.keys], 0, g.ends - g.starts)
-    sel = n_lost > 0
-    counts, ends = n_lost[sel], g.ends[sel]
-    # each group's last ``count`` positions in the grouped-by-request layout (times in order in a group)
-    within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    pos = np.repeat(ends - counts, counts) + within
-    return d_t_r[pos], np.repeat(g.keys[sel], counts).astype(d_req.dtype)
-
-
 def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict) -> None:
     trace = run.traces[name]
     eng = run.engines[name]
@@ -189,13 +167,13 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     lap("columns")
     # per-request groupings, shared by the step estimate and the per-request gaps
     (d_by_req, d_t_r), (e_by_req, e_t_r) = trace.by_request(KIND_DISPATCH), trace.by_request("emits")
-    lost_t, lost_req = _lost_charges(recs, req_col, d_req, e_req, e_c, d_by_req, d_t_r, n_codes)
+    lost_t, lost_req = rowgroups.lost_charges(recs, req_col, d_req, e_req, e_c, d_by_req, d_t_r, n_codes)
     lap("group by request")
     latencies = step_latencies(d_t, d_req, e_t, e_req, e_c, dispatch_groups=d_by_req, emit_groups=e_by_req,
                                grouped_times=(d_t_r, e_t_r))
     step = engine_step(latencies)
     summary.engine_steps[name] = step
-    phase_steps = _phase_steps(run, name, latencies)
+    phase_steps = rowgroups.phase_steps(run, name, latencies)
     summary.steps_per_phase.update({k: len(v[0]) for k, v in phase_steps.items()})
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
@@ -255,7 +233,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
         ("emit", e_t, e_req, e_user, None if e_unit else e_c),
     ):
         by_req, t_r = (d_by_req, d_t_r) if label == "dispatch" else (e_by_req, e_t_r)
-        rows = _rows_from_requests(by_req, t_r, req_all, user_all, first_user, req_phase, n_codes)
+        rows = rowgroups.rows_from_requests(by_req, t_r, req_all, user_all, first_user, req_phase, n_codes)
         if rows is not None:  # positions into the grouped-by-request layout
             pos, group_list, in_phases = rows
             t = t_r[pos]
@@ -263,8 +241,8 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
             c = None if c_all is None else c_all[by_req.order[pos]]
             request_gaps = gap_r[pos] if label == "emit" else None
         else:
-            order, group_list, in_phases = _phase_user_groups(req_all, user_all, req_phase, user_codes,
-                                                              len(run.phases), n_codes)
+            order, group_list, in_phases = rowgroups.phase_user_groups(req_all, user_all, req_phase, user_codes,
+                                                                       len(run.phases), n_codes)
             t = t_all[order]
             req = req_all[order]
             c = None if c_all is None else c_all[order]
@@ -294,7 +272,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                     by_stream = streams if streams.min() >= 0 else rg
                     row.stream_spread = stream_spread(tg, by_stream)
                     # a stream that sent several requests: also the spread counted only while every
-                    # stream had one in service (judged for users whose limit never bound: checks.py)
+                    # stream had one in service (judged for users whose limit never bound: checks/even.py)
                     if row.limit_tps:
                         row.peak_head_tokens = peak_head(tg, row.limit_tps)
                     if (row.stream_spread is not None and not row.spent_to_bound(th.burst_ns)
@@ -419,105 +397,6 @@ def _spacing_per_group(run: RunData, summary: RunSummary, strings, label: str, g
     return out
 
 
-def _phase_steps(run: RunData, name: str, latencies) -> dict[int, tuple]:
-    """Per phase of the engine: (step starts, periods, whether the engine went straight on, the
-    longest dispatch-to-emit latency, their ``spacing.StepIndex``), for the steps that started in the phase (``steps.step_periods``)."""
-    if isinstance(latencies, str):
-        return {}
-    emit_t, lat = latencies
-    starts, periods, worked = step_periods(emit_t, lat)
-    out = {}
-    for p in run.phases:
-        if p.engine != name:
-            continue
-        a, b = np.searchsorted(starts, [p.start_ns, p.end_ns], side="left")
-        if b <= a:
-            continue
-        at = (emit_t - lat >= p.start_ns) & (emit_t - lat < p.end_ns)
-        s, per, w = starts[a:b], periods[a:b], worked[a:b]
-        out[p.index] = (s, per, w, int(lat[at].max()) if at.any() else 0, StepIndex(s, per, w))
-    return out
-
-
-def _rows_from_requests(by_req, t_r: np.ndarray, req_all: np.ndarray, user_all: np.ndarray, first_user: np.ndarray,
-                        req_phase: np.ndarray, n_codes: int):
-    """Events grouped by (phase, user), time order kept inside each group, built from their grouping by
-    request: requests put in row order, then each row's few time-sorted runs (one per request) sorted
-    by time. No sort over all events, and reads that stay near each other.
-
-    Returns (positions into the grouped-by-request layout, [(phase index, user code, slice)], whether every
-    event is in a phase); None when a request's events name more than one user (then rows follow events).
-    """
-    if len(by_req) == 0 or not np.array_equal(user_all, first_user[req_all]):
-        return None
-    codes = by_req.keys.astype(np.int64)
-    phase = req_phase[codes]
-    in_phase = np.flatnonzero(phase >= 0)
-    key = phase * n_codes + first_user[codes]
-    perm = in_phase[np.argsort(key[in_phase], kind="stable")]  # requests in row order
-    sizes = by_req.sizes[perm]
-    ends = np.cumsum(sizes)
-    pos = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
-    pos += np.repeat(by_req.starts[perm] - (ends - sizes), sizes)
-    row_keys = key[perm]
-    first_req = np.flatnonzero(np.concatenate(([True], row_keys[1:] != row_keys[:-1]))) if len(perm) else perm
-    row_start = (ends - sizes)[first_req]
-    row_end = np.append(row_start[1:], ends[-1] if len(ends) else 0)
-    n_reqs = np.diff(np.append(first_req, len(perm)))
-    groups = []
-    for k, a, b, n in zip(row_keys[first_req].tolist(), row_start.tolist(), row_end.tolist(), n_reqs.tolist()):
-        if n > 1:  # several requests: merge their runs by time (stable)
-            p = pos[a:b]
-            pos[a:b] = p[np.argsort(t_r[p], kind="stable")]
-        p_index, u_code = divmod(k, n_codes)
-        groups.append((p_index, u_code, slice(a, b)))
-    return pos, groups, len(in_phase) == len(codes)
-
-
-def _phase_user_groups(req_all: np.ndarray, user_all: np.ndarray, req_phase: np.ndarray, user_codes: np.ndarray,
-                       n_phases: int, n_codes: int):
-    """Events grouped by (phase of their request, their user), time order kept inside each group.
-
-    Returns (order into the events, [(phase index, user code, slice into order)], whether every
-    event is in a phase). One stable sort of a uint16 key (a radix sort) when phases x users fit.
-    """
-    n_users = len(user_codes)
-    if len(req_all) == 0:
-        return np.empty(0, dtype=np.int64), [], True
-    if (n_phases + 1) * n_users < 2**16:
-        phase_key = ((req_phase + 1) * n_users).astype(np.uint16)  # per request code; 0: in no phase
-        user_rank = np.zeros(n_codes, dtype=np.uint16)
-        user_rank[user_codes] = np.arange(n_users, dtype=np.uint16)
-        key = phase_key[req_all]
-        key += user_rank[user_all]
-        sizes = np.bincount(key, minlength=(n_phases + 1) * n_users)
-        order = np.argsort(key, kind="stable")
-        ends = np.cumsum(sizes)
-        present = np.flatnonzero(sizes[n_users:]) + n_users
-        groups = [(int(k // n_users) - 1, int(user_codes[k % n_users]), slice(int(ends[k] - sizes[k]), int(ends[k])))
-                  for k in present.tolist()]
-        return order, groups, not sizes[:n_users].any()
-    ph = req_phase[req_all]
-    sel = np.flatnonzero(ph >= 0)
-    groups = group_by(ph[sel] * n_codes + user_all[sel])
-    out = []
-    for _, key, sl in groups.slices():
-        p_index, u_code = divmod(int(key), n_codes)
-        out.append((p_index, u_code, sl))
-    return sel[groups.order], out, len(sel) == len(req_all)
-
-
-def _row_groups(trace, codes: np.ndarray, first_user: np.ndarray, n_codes: int):
-    """(phase index, user code, positions into ``codes``) for each row the request codes belong to."""
-    keys = trace.req_phase[codes] * n_codes + first_user[codes]
-    if len(keys) == 0:
-        return
-    groups = group_by(keys)
-    for _, key, sl in groups.slices():
-        p_index, u_code = divmod(int(key), n_codes)
-        yield p_index, u_code, groups.order[sl]
-
-
 def _charge_parity(run: RunData, name: str, summary: RunSummary, totals, first_user: np.ndarray,
                    strings: list[str], n_codes: int) -> None:
     """Per row: dispatch events - emitted tokens of each finished request, against its allowance.
@@ -539,7 +418,7 @@ def _charge_parity(run: RunData, name: str, summary: RunSummary, totals, first_u
     allowance[reason == FINISH_LENGTH] = 0
     allowance[reason == FINISH_STOP] = 1 if is_async else 0
     over = np.maximum(excess - allowance, 0) + np.maximum(-excess, 0)
-    for p_index, u_code, pos in _row_groups(trace, codes, first_user, n_codes):
+    for p_index, u_code, pos in rowgroups.row_groups(trace, codes, first_user, n_codes):
         row = _row(run, summary, p_index, strings[u_code])
         row.charge_requests = len(pos)
         row.charge_excess_tokens = int(excess[pos].sum())
@@ -567,7 +446,7 @@ def _engine_ttft(run: RunData, name: str, summary: RunSummary, e_t_r: np.ndarray
     sent = _sent_ns(run)[rec]
     keep = sent >= 0
     codes, ttft = codes[keep], first_emit[keep].astype(np.int64) - sent[keep]
-    for p_index, u_code, pos in _row_groups(trace, codes, first_user, n_codes):
+    for p_index, u_code, pos in rowgroups.row_groups(trace, codes, first_user, n_codes):
         _row(run, summary, p_index, strings[u_code]).ttft_engine = gap_stats(ttft[pos])
 
 

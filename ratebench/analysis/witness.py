@@ -3,7 +3,7 @@
 The engine's event file is the patch's own account of itself: a recorder that stamped each user's
 tokens on an even 1/N schedule would pass every check made on it alone. The client is the second
 witness. Both stamp with ``time.monotonic_ns()``, CLOCK_MONOTONIC, one clock for every process of
-a host, so their times compare directly. The checks (``checks.py``: ``witness-order``,
+a host, so their times compare directly. The checks (``analysis/checks/witness.py``: ``witness-order``,
 ``witness-emits``, ``bound-client``) judge these figures.
 
 Order (``witness-order``)

@@ -1,7 +1,8 @@
 """What each check stands for: the promise it tests, in words, and where to look when it fails;
 and which promises a run exercised.
 
-One table (``CHECKS``) that the console, report.md, report.html and verdict.json all use. The
+One table (``CHECKS``, which the check modules of ratebench/analysis/checks/ register) that the
+console, report.md, report.html and verdict.json all use. The
 promises are docs/promise.md section 1's, numbered 1 to 7, its flags refused at start-up, and section
 5's identity, waiting costs nothing, reconciliation, two witnesses and overhead: the thirteen the
 verdict counts
@@ -20,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ratebench.analysis.bound import BoundResult
+from ratebench.analysis.checks import registered_meanings
+from ratebench.analysis.checks.base import CheckMeaning
 from ratebench.analysis.verdict import Check, UserPhaseSummary, Verdict
 from ratebench.outputs.format import check_where, plot_file
 
@@ -71,202 +74,9 @@ PROMISE_NAMES: dict[str, str] = {
 VERDICT_PROMISES: tuple[str, ...] = ("1", "2", "3", "4", "5", "6", "7", "flags", "identity", "waiting",
                                      "reconciliation", "witness", "overhead")
 
-# where-to-look texts: {plot} is the phase's plot, {events} the engine's event file
-_UPPER = "{plot}, the user's panel: red, slack under the bound over time, its tightest window shaded"
-_LOWER = "{plot}, the user's panel: blue, the margin above even spacing over time, its emptiest window shaded"
-_REPORT_ROW = "report.md, the row of {where}"
-_ISOLATION_LOOK = ("verdict.json, checks: the isolation-* checks of {where} (every quantile, both phases' figures); "
-                   "{plot}, the gaps panel, against the baseline phase's plot")
-
-
-@dataclass(frozen=True)
-class CheckMeaning:
-    promise: str  # a key of PROMISES: the one its failure is shown under
-    broke: str  # what a failure of this check means, in words
-    look: str  # where to look, a template (see above)
-    also: tuple[str, ...] = ()  # other promises (keys of PROMISES) the check guards
-
-
-CHECKS: dict[str, CheckMeaning] = {
-    "bound-dispatch": CheckMeaning("6", "the engine charged more tokens in a window than the bound allows",
-                                   _UPPER),
-    "bound-emit": CheckMeaning("6", "the engine emitted more tokens in a window than the bound allows "
-                               "(with one engine step of tolerance)", _UPPER + " (dashed: emit)"),
-    "bound-client": CheckMeaning("6", "the client received more tokens in a window than the bound allows, even "
-                                 "with the windows widened by the engine step and the spread of the measured "
-                                 "delivery latency (client arrival - engine emit)",
-                                 "requests.jsonl: the chunk times of the user's requests in the worst window, "
-                                 "against their emit events in {events}"),
-    "witness-order": CheckMeaning("witness", "a token (or a stream's end) reached the client before the engine's "
-                                  "event file says the engine emitted (finished) it, or the file has the engine "
-                                  "handling a request before the client sent it: the file's times are not what "
-                                  "happened, and every check made on them proves nothing",
-                                  "requests.jsonl: the chunk_ns of the request the explanation names, against "
-                                  "its emit events in {events}"),
-    "refusal-witness": CheckMeaning("witness", "the engine's event file says a user was refused a charge while its "
-                                    "own charges leave it well inside its budget: a refusal the limiter did not "
-                                    "make (it would take the user out of the isolation checks)",
-                                    "{events}: the user's dispatch and refuse events around the time the "
-                                    "explanation names"),
-    "witness-emits": CheckMeaning("witness", "the client received tokens for which the engine's event file has no "
-                                  "emit event: the file leaves out what the engine did",
-                                  "{events}: the emit events of the request the explanation names, against its "
-                                  "chunk_tokens in requests.jsonl"),
-    "fleet-bound-dispatch": CheckMeaning("6", "behind a load balancer, a user's charges merged across the fleet's "
-                                         "engines exceed the bound: each engine's limiter knows only its own "
-                                         "requests, and the routing policy spread the user's requests over them "
-                                         "(route by user: user-hash)",
-                                         "balancers/<fleet>/haproxy.cfg (the policy); the user's dispatch events "
-                                         "in each member's engines/<member>/events.rbev; requests.jsonl's engine "
-                                         "field (the member that served each request)"),
-    "fleet-bound-emit": CheckMeaning("6", "behind a load balancer, a user's emitted tokens merged across the "
-                                     "fleet's engines exceed the bound (one engine step of tolerance)",
-                                     "the user's emit events in each member's engines/<member>/events.rbev"),
-    "fleet-bound-client": CheckMeaning("6", "behind a load balancer, the tokens a user received from the whole "
-                                       "fleet exceed the bound (windows widened as each engine's bound-client)",
-                                       "requests.jsonl: the user's chunk times in the fleet's phase"),
-    "fleet-failover-lost": CheckMeaning("3", "when an engine of the fleet stopped, a request ended looking complete "
-                                        "(no error, finish_reason length or stop) without every token it asked for: "
-                                        "lost silently", "requests.jsonl: the request the explanation names (its "
-                                        "completion_tokens, finish_reason, engine)"),
-    "fleet-failover-moved": CheckMeaning("4", "when an engine of the fleet stopped, a user it served was never served "
-                                         "by another engine afterwards: the balancer did not move it",
-                                         "balancers/<fleet>/balancer.log (the engine marked down, the user's "
-                                         "requests after); requests.jsonl's engine field"),
-    "fleet-metrics": CheckMeaning("witness", "an engine's per-user counter on /metrics "
-                                  "(vllm:output_rate_tokens_granted_total, --output-rate-metrics-users) "
-                                  "disagrees with its event file's charges of the user over the phase: the "
-                                  "figure an operator sums across a fleet is not what the limiter charged",
-                                  "scenarios.json params.fleet_user_counters (the counters' change over the "
-                                  "phase, per engine) against the user's dispatch events in each member's "
-                                  "engines/<member>/events.rbev"),
-    "fleet-served": CheckMeaning("3", "a request sent through the load balancer was served by no engine (refused, "
-                                 "or lost when an engine left): a user's request answered with an error",
-                                 "requests.jsonl: the request's error and http_status; "
-                                 "balancers/<fleet>/balancer.log"),
-    "bound-dispatch-run": CheckMeaning("6", "over the engine's whole event file, a window holds more charges than "
-                                       "the bound allows (the limiter's state must carry across phases)",
-                                       "{events}; report.md, the bound over each engine's whole event file"),
-    "bound-emit-run": CheckMeaning("6", "over the engine's whole event file, a window holds more emitted tokens "
-                                   "than the bound allows", "{events}; report.md, the bound over each engine's "
-                                   "whole event file"),
-    "delivery": CheckMeaning("2", "a user that always waits for tokens got less than its N tokens per second "
-                             "in steady state (over-throttled, or charged without emitting)",
-                             _LOWER + " (fewer than N tokens a second: the blue line sinks)"),
-    "rate-seed": CheckMeaning("2", "the measured rate beside the limit (information)", _REPORT_ROW),
-    "even-spacing-dispatch": CheckMeaning("2", "the user's charges came in clumps: some window inside its backlog "
-                                          "got fewer than N * W tokens less the allowance (the lower side of the "
-                                          "bound)", _LOWER),
-    "even-spacing-emit": CheckMeaning("2", "the user's emitted tokens came in clumps: some window inside its backlog "
-                                      "got fewer than N * W tokens less the allowance (the lower side of the "
-                                      "bound)", _LOWER + " (dashed: emit)"),
-    "stream-fairness": CheckMeaning("2", "one user's streams did not take turns on the shared budget",
-                                    "{plot}, the streams panel (one line per stream)"),
-    "engine-as-asked": CheckMeaning("5", "an engine did not run as the run asked (another scheduling mode, "
-                                    "other limits or burst, the limiter charging while off): what it showed "
-                                    "proves nothing about the mode asked for",
-                                    "engines/{engine}/engine.log and the header of {events}, against "
-                                    "manifest.json's engines"),
-    "reconciliation": CheckMeaning("3", "a finished request's usage.completion_tokens, streamed tokens and engine "
-                                   "tokens disagree, it was cut short, or it was answered with an error",
-                                   "requests.jsonl and {events} for the request the explanation names",
-                                   also=("reconciliation",)),
-    "answers-intact": CheckMeaning("3", "a greedy answer of a mix differs from the same request's on the "
-                                   "limiter-off engine: a request paused, moved out of its slot or resumed "
-                                   "got another request's KV, or lost its own",
-                                   "requests.jsonl: the token_ids of the request the explanation names, against "
-                                   "the same request (stream_index) in the baseline phase"),
-    "cancellation": CheckMeaning("3", "after a client cancel the engine did not stop at once (or never finished "
-                                 "the request)", "{events}: the finish event of the request the explanation "
-                                 "names; {plot}, the streams panel", also=("reconciliation",)),
-    "charge-parity": CheckMeaning("1", "a request was charged for steps that sampled no token (a prefill chunk, "
-                                  "or a charge without an emit)", "{events}: dispatch against emit events of the "
-                                  "request the explanation names"),
-    "prompt-free": CheckMeaning("1", "long prompts waited for their first token as if their prompt tokens were "
-                                "charged against the user's budget", "report.md, times to first token of the "
-                                "long-prompt phase; {events}: the first emit of each request against its send"),
-    "isolation-rate": CheckMeaning("4", "a user (in a mix, a tier) whose limit did not bind got fewer tokens per "
-                                   "second beside throttled users than on the phase's baseline",
-                                   _ISOLATION_LOOK),
-    **{name: CheckMeaning("4", f"a user (in a mix, a tier) whose limit did not bind waited longer {what} beside "
-                          "throttled users than on the phase's baseline (the same requests; in a mix, on the "
-                          "limiter-off engine)", _ISOLATION_LOOK)
-       for name, what in (("isolation-ttft", "for its first token (p50)"),
-                          ("isolation-ttft-p90", "for its first token (p90)"),
-                          ("isolation-ttft-p99", "for its first token (p99)"),
-                          ("isolation-e2e-p50", "for its whole answers (p50)"),
-                          ("isolation-e2e-p90", "for its whole answers (p90)"),
-                          ("isolation-e2e-p99", "for its whole answers (p99)"),
-                          ("isolation-gap-p50", "between tokens (p50)"),
-                          ("isolation-gap-p90", "between tokens (p90)"),
-                          ("isolation-gap-p99", "between tokens (p99)"))},
-    **{name: CheckMeaning("4", f"a request sent while its user had budget (its user's limit bound elsewhere in the "
-                          f"phase) waited longer for its first token ({q}) beside throttled users than the same "
-                          "request on the limiter-off engine", _ISOLATION_LOOK)
-       for name, q in (("isolation-ttft-clear", "p50"), ("isolation-ttft-clear-p90", "p90"))},
-    "isolation-binding": CheckMeaning("4", "whose limit bound in a mix phase (refuse events), so which tiers "
-                                      "isolation judged (information)", "{events}: the refuse events (kind 4)"),
-    "jain-fairness": CheckMeaning("4", "users with equal limits got unequal steady rates", _LOWER),
-    "kv-pressure-applied": CheckMeaning("4", "the kv-pressure phase never ran short of KV cache: it shows nothing "
-                                        "about throttled requests holding KV", "engines/{engine}/engine.log: the KV "
-                                        "cache size; the profile's --num-gpu-blocks-override and prompt lengths"),
-    "stream-wait": CheckMeaning("2", "one of a throttled user's streams waited far longer for a token than the "
-                                "user's budget shared by its streams allows (it lost its KV and its turn while its "
-                                "siblings kept the budget)", "{plot}, the streams panel: the stream the explanation "
-                                "names; {events}: its dispatch events"),
-    "place-share": CheckMeaning("4", "with more streams than active places, a user got far less than its fair share "
-                                "of the places (places went to whoever was first in the running list)",
-                                "verdict.json, checks: each user's rate against its fair share; {plot}"),
-    "place-share-jain": CheckMeaning("4", "with more streams than active places, the users' shares of the places "
-                                     "were uneven", "verdict.json, checks: each user's rate against its fair share; "
-                                     "{plot}"),
-    "work-conservation": CheckMeaning("4", "for two or more engine steps in a row, a batch place or a resident slot "
-                                      "stayed idle, or held by a throttled request, while a request of a user with "
-                                      "budget waited", "{events}: the step records from the time the explanation "
-                                      "gives (resident, throttled, waiting_ready, reqs, kv_free); {plot}"),
-    "work-conservation-places": CheckMeaning("4", "for three or more engine steps in a row, a batch place stayed "
-                                             "idle while a resident request of a user with budget got no tokens",
-                                             "{events}: the step records from the time the explanation gives "
-                                             "(resident, throttled, reqs, tokens); {plot}"),
-    "overhead": CheckMeaning("overhead", "with limits never reached, the limiter costs more throughput than "
-                             "allowed against the limiter off or stock vLLM",
-                             "report.md, Overhead: the ratios' spread and the CPUs other processes took; the rounds' "
-                             "plot; verdict.json, overheads: each round", also=("7",)),
-    "witness-delivery": CheckMeaning("witness", "the delays between the engine's emits and the client's arrivals "
-                                     "varied by more than allowed: the client got tokens in clumps the event "
-                                     "file does not show (an output path that holds tokens back)",
-                                     "requests.jsonl chunk times against {events}' emit events of the user; {plot}"),
-    "flags-refused": CheckMeaning("flags", "a malformed limiter flag was accepted, or refused without naming the "
-                                  "flag, or valid flags did not reach the scheduler's config as given",
-                                  "flags.json: each case, how it was refused (arguments or engine config) and the "
-                                  "message"),
-    "feature-off-upstream": CheckMeaning("7", "with the limiter off, the installed scheduler did not schedule as "
-                                         "upstream's on the same requests (another order, another request, "
-                                         "another preemption), or could not be compared",
-                                         "feature-off.json: each configuration's first differing step, both "
-                                         "values"),
-    "event-recording": CheckMeaning("events", "recording engine events costs more throughput than allowed",
-                                    "report.md, Overhead: the feature-on/feature-on-no-events rounds"),
-    "identity": CheckMeaning("identity", "a charge went to another user than the request's output_rate_user "
-                             "(or __anonymous__)", "{events}: the user field of the request the explanation names, "
-                             "against requests.jsonl"),
-    "wait-cpu": CheckMeaning("waiting", "the engine core used CPU while every request was throttled (it polls "
-                             "instead of blocking)", "{events} and engines/{engine}/engine.log around the phase"),
-    "wait-steps": CheckMeaning("waiting", "while every request was throttled, the engine kept scheduling empty "
-                               "steps (it polls instead of blocking until a request is ready, a new request or an "
-                               "abort)", "{events}: the step records of the phase (reqs 0, throttled or waiting, "
-                               "their clocks' spacing)"),
-    "wake-first-token": CheckMeaning("waiting", "while every request was throttled, a new request waited for the "
-                                     "engine's timeout instead of waking it at once", "{events}: the new request's "
-                                     "first dispatch against its send time (requests.jsonl)"),
-    "wake-abort": CheckMeaning("waiting", "while every request was throttled, an abort waited for the engine's "
-                               "timeout instead of waking it at once", "{events}: the aborted request's finish "
-                               "event against its cancel time (requests.jsonl)"),
-    "trace-lateness": CheckMeaning("replay", "the driver sent the trace's requests later than the stated lateness: "
-                                   "the run did not replay the trace faithfully (a busy machine, too many requests "
-                                   "at once)", "requests.jsonl: sent_ns - scheduled_ns of the phase's requests; "
-                                   "scenarios.json machine_cpu"),
-}
+# What each check stands for: registered by its check module (ratebench/analysis/checks/), in the
+# order of those modules.
+CHECKS: dict[str, CheckMeaning] = registered_meanings()
 
 _UNKNOWN = CheckMeaning("?", "see docs/promise.md section 5", "report.md, Checks")
 
