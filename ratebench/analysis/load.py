@@ -172,7 +172,6 @@ class RunData:
     stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
     # engine -> where it did not run as asked (its event file's header against manifest.json, the
     # CPU async overlay's own counts): the engine-as-asked check; only engines with an event file
-    engine_problems: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _read_json(path: Path, what: str):
@@ -262,13 +261,6 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
             raise RunFolderError(str(exc)) from exc
         if events.truncated:
             run.warnings.append(f"{eng.events_file}: last block truncated; verified the complete blocks")
-        entry = (manifest.get("engines") or {}).get(name) or {}
-        problems = _meta_disagreements(name, eng, events.meta)
-        problems += [w for w in entry.get("warnings") or [] if isinstance(w, str) and "CPU async overlay" in w]
-        charges = 0 if eng.feature else int((events.records["kind"] == KIND_DISPATCH).sum())
-        if charges:
-            problems.append(f"engine {name}: {charges} dispatch events (charges) with the limiter off")
-        run.engine_problems[name] = problems
         recs = events.records
         order = time_order(recs["t_ns"])
         if order is not None:
@@ -283,25 +275,6 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         if unmatched:
             run.warnings.append(f"engine {name}: {unmatched} engine requests match no client record")
     return run
-
-
-def _meta_disagreements(name: str, eng: EngineInfo, meta: dict) -> list[str]:
-    """Where the engine's own event-file header disagrees with manifest.json."""
-    out = []
-    if "async_scheduling" in meta and bool(meta["async_scheduling"]) != eng.async_scheduling:
-        out.append(f"engine {name}: ran with async_scheduling={meta['async_scheduling']} (its event file), "
-                   f"asked for {eng.async_scheduling} (manifest.json)")
-    if not eng.feature and meta.get("default_tps") is not None:
-        out.append(f"engine {name}: meant to run with the limiter off, its event file says "
-                   f"default_tps={meta['default_tps']}")
-    if eng.feature:
-        if "default_tps" in meta and meta["default_tps"] != eng.default_tps:
-            out.append(f"engine {name}: event file says default_tps={meta['default_tps']}, manifest {eng.default_tps}")
-        if "user_tps" in meta and {str(k): int(v) for k, v in (meta["user_tps"] or {}).items()} != eng.user_tps:
-            out.append(f"engine {name}: event file's user_tps differ from manifest.json's")
-    if "burst_ns" in meta and meta["burst_ns"] not in (None, 100_000_000):
-        out.append(f"engine {name}: the engine's burst is {meta['burst_ns']} ns; the promise checked is 100 ms")
-    return out
 
 
 def _trace(name: str, events: EngineEvents, recs: np.ndarray, records: list[ClientRecord], phase_of_key,
