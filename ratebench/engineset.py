@@ -31,7 +31,7 @@ from ratebench.engine import (
     wait_ready,
     warm_up,
 )
-from ratebench.events import EventFileError, read_engine_events
+from ratebench.events import EngineEntry, EventFileError, read_engine_events
 from ratebench.manifest import Manifest
 from ratebench.plan import engine_spec, engines_wanted
 from ratebench.profiles import Profile
@@ -99,15 +99,13 @@ class EngineSet:
 
     def _launch(self, name: str) -> RunningEngine:
         spec = self.engine_spec(name)
-        self.manifest.data["engines"][name] = {
-            "kind": spec.kind, "feature": spec.feature, "async_scheduling": spec.async_scheduling,
-            "default_tps": spec.default_tps, "user_tps": spec.user_tps if spec.feature else None,
-            "flags": spec.all_flags(), "events_file": None, "log_file": f"engines/{name}/engine.log",
-            "endpoint": None, "started_monotonic_ns": time.monotonic_ns(), "ready_monotonic_ns": None,
-            "stopped_monotonic_ns": None, "killed_pids": [],
-            "stock_overlay": spec.pristine_files is not None, "cpu_async_overlay": uses_cpu_async_overlay(spec),
-            "record_events": records_events(spec), "warm_up": None,
-        }
+        self.manifest.engines[name] = EngineEntry(
+            kind=spec.kind, feature=spec.feature, async_scheduling=spec.async_scheduling,
+            default_tps=spec.default_tps, user_tps=spec.user_tps if spec.feature else None,
+            flags=spec.all_flags(), log_file=f"engines/{name}/engine.log", started_monotonic_ns=time.monotonic_ns(),
+            stock_overlay=spec.pristine_files is not None, cpu_async_overlay=uses_cpu_async_overlay(spec),
+            record_events=records_events(spec),
+        )
         self.manifest.write()
         self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
                            f"{'limiter on' if spec.feature else 'limiter off'}, "
@@ -115,7 +113,8 @@ class EngineSet:
                            f"{'async' if spec.async_scheduling else 'sync'} scheduling)")
         engine = launch_engine(spec, self.run_dir / "engines" / name)
         self.running[name] = engine
-        self.manifest.data["engines"][name].update(endpoint=engine.endpoint, pid=engine.process.pid)
+        entry = self.manifest.engines[name]
+        entry.endpoint, entry.pid = engine.endpoint, engine.process.pid
         return engine
 
     def _ready(self, engines: list[RunningEngine], t0: float) -> None:
@@ -127,11 +126,11 @@ class EngineSet:
             result = warm_up(engine, plan)
             self.stage_s["engines warm-up"] += time.monotonic() - t_warm
             name = engine.spec.name
-            entry = self.manifest.data["engines"][name]
-            entry["warm_up"] = asdict(result)
-            entry["ready_monotonic_ns"] = time.monotonic_ns()
+            entry = self.manifest.engines[name]
+            entry.warm_up = asdict(result)
+            entry.ready_monotonic_ns = time.monotonic_ns()
             if engine.events_path is not None:
-                entry["events_file"] = f"engines/{name}/events.rbev"
+                entry.events_file = f"engines/{name}/events.rbev"
             self.refs[name] = EngineRef(name=name, endpoint=engine.endpoint, model=engine.spec.served_name,
                                         feature=engine.spec.feature, kind=engine.spec.kind, pgid=engine.pgid)
             self.console.print(f"[bold]engine[/] {name}: ready at {engine.endpoint} "
@@ -196,7 +195,7 @@ class EngineSet:
                  "log_file": f"balancers/{fleet}/balancer.log", "user_header": header,
                  "served_by_header": SERVED_BY_HEADER, "endpoints": None,
                  "started_monotonic_ns": time.monotonic_ns(), "stopped_monotonic_ns": None}
-        self.manifest.data.setdefault("balancers", {})[fleet] = entry
+        self.manifest.balancers[fleet] = entry
         balancer = start_balancer(servers, folder, list(POLICIES), user_header=header)
         self.balancers[fleet] = balancer
         entry.update(endpoints=balancer.endpoints, pid=balancer.process.pid)
@@ -217,8 +216,9 @@ class EngineSet:
         if member not in (fleet_members(fleet) or []):
             raise ValueError(f"{member} is not a member of {fleet}")
         self._stale.add(fleet)
-        entry = self.manifest.data["engines"].get(member, {})
-        entry["failover_stopped_monotonic_ns"] = time.monotonic_ns()
+        entry = self.manifest.engines.get(member)
+        if entry is not None:
+            entry.failover_stopped_monotonic_ns = time.monotonic_ns()
         # SIGINT, and SIGKILL 2 s later: its API server would wait for the balancer's open connections
         self.stop(member, settle=False, grace_s=FAILOVER_GRACE_S)
 
@@ -229,7 +229,7 @@ class EngineSet:
         if balancer is None:
             return
         killed = balancer.stop()
-        entry = self.manifest.data.setdefault("balancers", {}).get(fleet, {})
+        entry = self.manifest.balancers.get(fleet, {})
         entry.update(stopped_monotonic_ns=time.monotonic_ns(), killed_pids=killed,
                      exit_code=balancer.process.returncode)
         self.manifest.write()
@@ -255,22 +255,23 @@ class EngineSet:
             # The engine flushes its events at least every 100 ms: let the last ones land.
             time.sleep(EVENTS_SETTLE_S)
         killed = engine.stop(self.profile.shutdown_grace_s if grace_s is None else grace_s)
-        entry = self.manifest.data["engines"].get(name, {})
-        entry["stopped_monotonic_ns"] = time.monotonic_ns()
-        entry["killed_pids"] = killed
-        entry["exit_code"] = engine.process.returncode
-        self._record_effective_settings(name, engine, entry)
+        entry = self.manifest.engines.get(name)
+        if entry is not None:
+            entry.stopped_monotonic_ns = time.monotonic_ns()
+            entry.killed_pids = killed
+            entry.exit_code = engine.process.returncode
+            self._record_effective_settings(name, engine, entry)
         self.manifest.write()
 
-    def _record_effective_settings(self, name: str, engine: RunningEngine, entry: dict[str, Any]) -> None:
+    def _record_effective_settings(self, name: str, engine: RunningEngine, entry: EngineEntry) -> None:
         """What the engine says it ran with (its event file header), beside what was asked."""
         if uses_cpu_async_overlay(engine.spec):  # what the CPU async overlay saw inside the engine
             from ratebench.cpu_async import read_stats, stats_problems
 
-            entry["cpu_async"] = read_stats(engine.folder / "cpu-async" / "stats")
-            for problem in stats_problems(entry["cpu_async"]):
+            entry.cpu_async = read_stats(engine.folder / "cpu-async" / "stats")
+            for problem in stats_problems(entry.cpu_async):
                 msg = f"engine {name}: CPU async overlay: {problem}"
-                entry.setdefault("warnings", []).append(msg)
+                entry.warnings.append(msg)
                 self.manifest.warn(msg)
                 self.console.print(f"[yellow]warning:[/] {msg}")
         if engine.events_path is None or not engine.events_path.is_file():
@@ -278,15 +279,15 @@ class EngineSet:
         try:
             meta = read_engine_events(engine.events_path).meta
         except EventFileError as exc:
-            entry["events_error"] = str(exc)
+            entry.events_error = str(exc)
             return
-        entry["engine_meta"] = meta
+        entry.engine_meta = meta
         effective = meta.get("async_scheduling")
         if effective is not None and bool(effective) != engine.spec.async_scheduling:
             # vLLM's CPU platform turns --async-scheduling off without a word.
             msg = (f"engine {name}: asked for {'async' if engine.spec.async_scheduling else 'sync'} scheduling, "
                    f"the engine ran {'async' if effective else 'sync'} scheduling")
-            entry["warning"] = msg
+            entry.warning = msg
             self.manifest.warn(msg)
             self.console.print(f"[yellow]warning:[/] {msg}")
 
@@ -318,12 +319,12 @@ class EngineSet:
         if model is None:
             raise AttachError(f"--endpoint {endpoint}: the server lists no model")
         lim = self.profile.limits
-        self.manifest.data["engines"][EXTERNAL_ENGINE] = {
-            "kind": "external", "feature": True, "async_scheduling": None, "default_tps": lim.default_tps,
-            "user_tps": dict(lim.user_tps), "flags": None,
-            "events_file": f"engines/{EXTERNAL_ENGINE}/events.rbev" if events_file else None,
-            "log_file": None, "endpoint": endpoint, "served_model": model,
-        }
+        self.manifest.engines[EXTERNAL_ENGINE] = EngineEntry(
+            kind="external", feature=True, async_scheduling=None, default_tps=lim.default_tps,
+            user_tps=dict(lim.user_tps), flags=None,
+            events_file=f"engines/{EXTERNAL_ENGINE}/events.rbev" if events_file else None,
+            endpoint=endpoint, served_model=model,
+        )
         self.manifest.write()
         ref = EngineRef(name=EXTERNAL_ENGINE, endpoint=endpoint, model=model, feature=True, kind="external")
         for mode in self.profile.scheduling:

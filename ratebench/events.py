@@ -66,7 +66,7 @@ import json
 import os
 import re
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -304,6 +304,57 @@ def client_id_of(engine_request_id: str) -> str | None:
 
 
 ERROR_INTERRUPTED = "interrupted"  # ClientRecord.error of a stream still open when the run was interrupted
+
+
+@dataclass
+class EngineEntry:
+    """One engine of ``manifest.json``'s ``engines``: what the run asked of it (written when it starts)
+    and what became of it (as it runs and stops). Every writer of a run folder, the runner's engine set
+    and the tests' synthetic folders alike, writes these; :mod:`ratebench.analysis.load` reads them
+    back (:meth:`from_json`, tolerant of the fields older run folders lack)."""
+
+    kind: str  # "patched" | "stock" | "external"
+    feature: bool  # the limiter on
+    async_scheduling: bool | None
+    default_tps: int | None
+    user_tps: dict[str, int] | None
+    flags: list[str] | None  # the vllm serve flags (None: a server someone else started)
+    events_file: str | None = None  # relative to the run folder
+    log_file: str | None = None
+    endpoint: str | None = None
+    started_monotonic_ns: int | None = None
+    ready_monotonic_ns: int | None = None
+    stopped_monotonic_ns: int | None = None
+    killed_pids: list[int] = field(default_factory=list)
+    stock_overlay: bool = False  # stock vLLM through the pristine sources (ratebench.engine)
+    cpu_async_overlay: bool = False
+    record_events: bool = True
+    warm_up: dict[str, Any] | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    failover_stopped_monotonic_ns: int | None = None  # a fleet member stopped by its failover
+    served_model: str | None = None  # an attached server: the model it serves
+    cpu_async: dict[str, Any] | None = None  # what the CPU async overlay counted inside the engine
+    engine_meta: dict[str, Any] | None = None  # its event file's header, read when it stopped
+    events_error: str | None = None  # why that header could not be read
+    warning: str | None = None  # the engine ran another scheduling mode than asked
+    warnings: list[str] = field(default_factory=list)  # the CPU async overlay's findings
+    # "polls": a loop that steps whatever it is given, by construction (the tests' in-process scheduler
+    # harness): its waiting is information only (ratebench/analysis/waiting.py)
+    loop: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, entry: dict[str, Any]) -> EngineEntry:
+        known = {f.name for f in fields(cls)}
+        data = {k: v for k, v in entry.items() if k in known}
+        data.setdefault("kind", "patched")
+        for key, default in (("feature", False), ("async_scheduling", False), ("default_tps", None),
+                             ("user_tps", None), ("flags", None)):
+            data.setdefault(key, default)
+        return cls(**data)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.events import ClientRecord, PhaseRecord, write_client_records
+from ratebench.events import ClientRecord, EngineEntry, PhaseRecord, write_client_records
 from ratebench.profiles import Profile
 
 
@@ -75,15 +75,25 @@ def vllm_and_patch() -> tuple[str | None, str | None]:
 
 
 class Manifest:
-    """``manifest.json`` (:attr:`data`) and the phases of ``scenarios.json`` of one run folder."""
+    """``manifest.json`` and the phases of ``scenarios.json`` of one run folder: the run's own fields
+    (:attr:`data`) and its engines (:attr:`engines`)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.data: dict[str, Any] = {}
+        self.engines: dict[str, EngineEntry] = {}
+        self.balancers: dict[str, dict[str, Any]] = {}
         self.phases: list[PhaseRecord] = []
 
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.data)
+        out["engines"] = {name: e.to_json() for name, e in self.engines.items()}
+        if self.balancers:
+            out["balancers"] = self.balancers
+        return out
+
     def write(self) -> None:
-        atomic_write_json(self.run_dir / "manifest.json", self.data)
+        atomic_write_json(self.run_dir / "manifest.json", self.to_json())
 
     def start(self, profile: Profile, run_id: str, *, endpoint: str | None, use_patch: bool) -> None:
         """The manifest of a run that has just started (state ``running``), written."""
@@ -106,7 +116,6 @@ class Manifest:
             "machine": machine_info(),
             "endpoint": endpoint,
             "model_path": None,
-            "engines": {},
             "skipped_scenarios": [],
             "command": sys.argv,
         }

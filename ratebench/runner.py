@@ -187,7 +187,7 @@ class Run:
             try:
                 shutil.copyfile(self.options.events_file, dest)
             except OSError as exc:
-                self.manifest.data["engines"][EXTERNAL_ENGINE]["events_file"] = None
+                self.manifest.engines[EXTERNAL_ENGINE].events_file = None
                 reason = (reason + "; " if reason else "") + f"events file not copied: {exc}"
         self.manifest.finish(state, reason, self.driver.records)
 

@@ -34,6 +34,7 @@ from ratebench.events import (
     KIND_REFUSE,
     RECORD_DTYPE,
     ClientRecord,
+    EngineEntry,
     EventFileWriter,
     write_client_records,
 )
@@ -301,13 +302,12 @@ def write_run_folder(run_dir: str | Path, engines: list[SimEngine], phases: list
                     w.intern(s)
                 for i in range(0, max(len(arr), 1), block_records):
                     w.write_block(arr[i:i + block_records])
-        manifest_engines[e.name] = {
-            "kind": e.kind, "feature": e.feature, "async_scheduling": False,
-            "default_tps": e.default_tps if e.feature else None, "user_tps": e.user_tps if e.feature else {},
-            "flags": ["--max-num-seqs", "16"], "events_file": rel,
-            "log_file": f"engines/{e.name}/engine.log", "endpoint": "http://127.0.0.1:0",
-            "synthetic_limiter": e.limiter,
-        }
+        manifest_engines[e.name] = EngineEntry(
+            kind=e.kind, feature=e.feature, async_scheduling=False,
+            default_tps=e.default_tps if e.feature else None, user_tps=e.user_tps if e.feature else {},
+            flags=["--max-num-seqs", "16"], events_file=rel, log_file=f"engines/{e.name}/engine.log",
+            endpoint="http://127.0.0.1:0",
+        ).to_json()
     manifest = {
         "ratebench_version": "0.1.0", "run_id": run_id, "profile_name": "synthetic",
         "profile": {"name": "synthetic"}, "state": state,

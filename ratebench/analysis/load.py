@@ -19,6 +19,7 @@ from ratebench.events import (
     KIND_DISPATCH,
     KIND_EMIT,
     ClientRecord,
+    EngineEntry,
     EngineEvents,
     EventFileError,
     PhaseRecord,
@@ -191,13 +192,12 @@ def _phase(i: int, entry: dict, path: Path) -> PhaseRecord:
 
 
 def _engine(name: str, entry: dict, run_dir: Path) -> EngineInfo:
-    ev = entry.get("events_file")
+    e = EngineEntry.from_json(entry)
     return EngineInfo(
-        name=name, kind=str(entry.get("kind", "patched")), feature=bool(entry.get("feature", False)),
-        async_scheduling=bool(entry.get("async_scheduling", False)),
-        default_tps=None if entry.get("default_tps") is None else int(entry["default_tps"]),
-        user_tps={str(k): int(v) for k, v in (entry.get("user_tps") or {}).items()},
-        events_file=(run_dir / ev) if ev else None,
+        name=name, kind=str(e.kind), feature=bool(e.feature), async_scheduling=bool(e.async_scheduling),
+        default_tps=None if e.default_tps is None else int(e.default_tps),
+        user_tps={str(k): int(v) for k, v in (e.user_tps or {}).items()},
+        events_file=(run_dir / e.events_file) if e.events_file else None,
     )
 
 

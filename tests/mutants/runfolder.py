@@ -35,6 +35,7 @@ import numpy as np
 
 from ratebench._io import atomic_write_json
 from ratebench.events import (
+    EngineEntry,
     ENV_VAR,
     KIND_ARRIVE,
     KIND_DISPATCH,
@@ -326,18 +327,17 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
         ))
     (run_dir / "engines" / ENGINE / "engine.log").write_text(
         f"in-process patched scheduler (tests/sched_harness.py), limiter: {mutant.name}\n")
-    engine = {
-        "kind": "patched", "feature": True, "async_scheduling": async_scheduling,
-        "default_tps": workload.default_tps, "user_tps": dict(workload.user_tps),
-        "flags": ["--default-user-output-tokens-per-second", str(workload.default_tps)]
+    engine = EngineEntry(
+        kind="patched", feature=True, async_scheduling=async_scheduling,
+        default_tps=workload.default_tps, user_tps=dict(workload.user_tps),
+        flags=["--default-user-output-tokens-per-second", str(workload.default_tps)]
         + [f"{k}={v}" for k, v in sorted(workload.scheduler_kw.items())],
-        "events_file": f"engines/{ENGINE}/events.rbev", "log_file": f"engines/{ENGINE}/engine.log",
-        "endpoint": None, "harness_limiter": mutant.name,
+        events_file=f"engines/{ENGINE}/events.rbev", log_file=f"engines/{ENGINE}/engine.log",
         # the harness steps every step_s of fake time whatever the scheduler gave it, so while every user
         # waits its loop makes an empty step every few milliseconds: a polling loop by construction, whose
         # waiting (wait-steps, wait-cpu) is information only (ratebench/analysis/waiting.py, LOOP_POLLS)
-        "loop": "polls",
-    }
+        loop="polls",
+    ).to_json()
     write_run_files(run_dir, ENGINE, engine, scen, records, profile_name="sched-harness",
                     machine={"hostname": "harness", "cpu": "fake clock", "cpus": 1, "gpu": None,
                              "platform": "in-process"})
