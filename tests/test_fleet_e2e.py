@@ -15,43 +15,14 @@ import pytest
 from rich.console import Console
 
 from conftest import hold_engine_lock
+from e2e_profiles import e2e_profile
 from ratebench.profiles import load_profile
 from ratebench.runner import RunOptions, run_profile
 
 pytestmark = pytest.mark.e2e
 
-PROFILE = """
-[profile]
-description = "test: two engines behind HAProxy"
-device = "cpu"
-scheduling = ["sync"]
-startup_timeout_s = 300
-shutdown_grace_s = 15
-max_engines = 2
-
-[model]
-source = "tiny"
-served_name = "tiny-qwen3"
-max_model_len = 1024
-
-[engine]
-max_num_seqs = 8
-max_num_active_seqs = 4
-max_num_batched_tokens = 256
-enable_chunked_prefill = true
-enable_prefix_caching = true
-extra_args = ["--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64",
-              "--output-rate-metrics-users", "8"]
-env = { VLLM_CPU_KVCACHE_SPACE = "1" }
-
-[limits]
-default_tps = 100
-[limits.users]
-user-a = 30
-user-d = 30
-user-l = 1000
-user-m = 1000
-
+PROFILE = e2e_profile(
+    "test: two engines behind HAProxy", {"user-a": 30, "user-d": 30, "user-l": 1000, "user-m": 1000}, """
 [[scenarios]]
 kind = "fleet"
 users = ["user-a", "user-d"]
@@ -66,7 +37,9 @@ light_requests = 6
 light_max_tokens = 8
 light_every_s = 0.3
 baseline = true
-"""
+""", max_engines=2, max_num_seqs=8,
+    extra_args=("--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64",
+                "--output-rate-metrics-users", "8"))
 
 FLEET = "fleet2-sync"
 MEMBERS = ["patched-sync.e0", "patched-sync.e1"]

@@ -18,6 +18,7 @@ import uuid
 import pytest
 from typer.testing import CliRunner
 
+from e2e_profiles import e2e_profile
 from mutants.hooks import break_on_import as _hook
 from mutants.runfolder import write_run_files
 from ratebench.cli import app
@@ -178,38 +179,7 @@ def wait_200ms(self, timeout_s):
 module.EngineCoreProc._wait_for_output_rate_budget = wait_200ms
 '''
 
-_PROFILE_HEAD = """
-[profile]
-description = "test: one scenario on a broken engine"
-device = "cpu"
-scheduling = ["{mode}"]
-startup_timeout_s = 300
-shutdown_grace_s = 15
-max_engines = {max_engines}
-
-[model]
-source = "tiny"
-served_name = "tiny-qwen3"
-max_model_len = 1024
-
-[engine]
-max_num_seqs = 8
-max_num_active_seqs = 4
-max_num_batched_tokens = 256
-enable_chunked_prefill = true
-enable_prefix_caching = true
-extra_args = ["--enforce-eager"]
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1", PYTHONPATH = "{pythonpath}" }}
-cpu_async_overlay = true
-
-[limits]
-default_tps = 100
-[limits.users]
-user-a = 20
-user-b = 100
-user-slow = 5
-user-fast = 5000
-"""
+_USERS = {"user-a": 20, "user-b": 100, "user-slow": 5, "user-fast": 5000}
 
 _WAITING = """
 [[scenarios]]
@@ -334,7 +304,9 @@ def _run_broken(tmp_path, targets: dict[str, str], scenario: str, mode: str = "s
     (hook_dir / "sitecustomize.py").write_text(_hook(targets, MARKER_ENGINE))
     pythonpath = os.pathsep.join(p for p in (str(hook_dir), os.environ.get("PYTHONPATH")) if p)
     path = tmp_path / "broken.toml"
-    path.write_text(_PROFILE_HEAD.format(pythonpath=pythonpath, mode=mode, max_engines=max_engines) + scenario)
+    path.write_text(e2e_profile("test: one scenario on a broken engine", _USERS, scenario, scheduling=(mode,),
+                                max_engines=max_engines, max_num_seqs=8, env={"PYTHONPATH": pythonpath},
+                                cpu_async_overlay=True))
     # the checks made before the engines start (promise 7, the flags) have their own broken limiters
     # (tests/test_feature_off_replay.py, tests/test_flag_check.py): left out here, 14 s a run
     outcome = run_profile(load_profile(str(path)), RunOptions(results_dir=tmp_path / "results", verify=True,

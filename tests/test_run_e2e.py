@@ -33,44 +33,16 @@ from ratebench.profiles import ANONYMOUS_USER, load_profile, scenario_kinds
 from ratebench.runner import RunOptions, run_profile
 
 from conftest import hold_engine_lock
+from e2e_profiles import e2e_profile
 
 pytestmark = pytest.mark.e2e
 
-SMALL_PROFILE = """
-[profile]
-description = "test: every scenario kind, small and fast"
-device = "cpu"
-# Sync only: every engine costs a minute to start here; asynchronous scheduling on CPU
-# (the cpu_async_overlay) has its own end-to-end test, tests/test_cpu_async_e2e.py.
-scheduling = ["sync"]
-startup_timeout_s = 300
-shutdown_grace_s = 15
-max_engines = 3
-
-[model]
-source = "tiny"
-served_name = "tiny-qwen3"
-max_model_len = 1024
-
-[engine]
-max_num_seqs = 8
-max_num_active_seqs = 2
-max_num_batched_tokens = 128
-enable_chunked_prefill = true
-enable_prefix_caching = true
-# 2,048 tokens of KV cache (64 blocks of 32): kv-pressure's throttled streams fill most of it
-extra_args = ["--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64"]
-env = { VLLM_CPU_KVCACHE_SPACE = "1" }
-
-[limits]
-default_tps = 200
-[limits.users]
-user-a = 100
-user-b = 300
-user-fast = 5000
-user-slow = 5
-bulk = 1000000
-
+# Sync only: every engine costs a minute to start here; asynchronous scheduling on CPU (the
+# cpu_async_overlay) has its own end-to-end test, tests/test_cpu_async_e2e.py. A KV cache of 2,048
+# tokens (64 blocks of 32): kv-pressure's throttled streams fill most of it.
+SMALL_PROFILE = e2e_profile(
+    "test: every scenario kind, small and fast",
+    {"user-a": 100, "user-b": 300, "user-fast": 5000, "user-slow": 5, "bulk": 1000000}, """
 [[scenarios]]
 kind = "seed-experiment"
 user = "user-a"
@@ -193,7 +165,8 @@ user = "bulk"
 streams = 2
 max_tokens = 40
 rounds = 1
-"""
+""", max_engines=3, max_num_seqs=8, max_num_active_seqs=2, max_num_batched_tokens=128, default_tps=200,
+    extra_args=("--enforce-eager", "--block-size", "32", "--num-gpu-blocks-override", "64"))
 
 
 def _write_profile(folder: Path, text: str, name: str = "small") -> Path:

@@ -12,48 +12,21 @@ from ratebench.events import KIND_FINISH, client_id_of, read_client_records, rea
 from ratebench.profiles import ANONYMOUS_USER, BUILTIN_DIR, load_profile
 from ratebench.runner import RunOptions, run_profile
 from ratebench.trace import read_trace
+from e2e_profiles import e2e_profile
 from ratebench.verify import analyse_run
 
 pytestmark = pytest.mark.e2e
 
 LATENESS_MS = 20
 
-TRACE_PROFILE = f"""
-[profile]
-description = "test: the example trace on one engine"
-device = "cpu"
-scheduling = ["sync"]
-startup_timeout_s = 300
-shutdown_grace_s = 15
-max_engines = 1
-
-[model]
-source = "tiny"
-served_name = "tiny-qwen3"
-max_model_len = 1024
-
-[engine]
-max_num_seqs = 16
-max_num_active_seqs = 4
-max_num_batched_tokens = 256
-enable_chunked_prefill = true
-enable_prefix_caching = true
-extra_args = ["--enforce-eager"]
-env = {{ VLLM_CPU_KVCACHE_SPACE = "1" }}
-
-[limits]
-default_tps = 100
-[limits.users]
-user-a = 20
-user-b = 100
-user-fast = 2000
-
+TRACE_PROFILE = e2e_profile("test: the example trace on one engine", {"user-a": 20, "user-b": 100, "user-fast": 2000},
+                            f"""
 [[scenarios]]
 kind = "trace"
 trace = "example-trace"
 users_at_default_rate = true     # user-c is not declared: it runs at default_tps
 lateness_ms = {LATENESS_MS}
-"""
+""")
 
 
 def test_the_example_trace_reaches_the_engine_on_time_and_as_its_users(
