@@ -266,8 +266,9 @@ def print_stages(stage_s: dict[str, float], total_s: float, console: Console) ->
 def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:
     """The verifier's verdict on a complete run, written into the run folder."""
     from ratebench import verify
+    from ratebench.outputs.exporters import described
 
-    console.print("[bold]verify[/]: checking the run (verdict.json, report.md, report.html, plots/)")
+    console.print(f"[bold]verify[/]: checking the run ({described()})")
     try:
         verdict = verify.verify_run(run_dir)
     except verify.RunFolderError as exc:

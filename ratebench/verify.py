@@ -131,25 +131,10 @@ def write_result(result: VerifyResult, *, plots: bool = True, max_plot_users: in
 
 
 def _write_result(result: VerifyResult, *, plots: bool, max_plot_users: int) -> list[Path]:
-    from ratebench.outputs import html
-    from ratebench.outputs import json as json_out
-    from ratebench.outputs import markdown
+    from ratebench.outputs.exporters import write_all
 
-    run_dir = result.run.run_dir
-    written: list[Path] = []
-    t0 = time.perf_counter()
-    plot_paths: list[Path] = []
-    if plots:
-        from ratebench.outputs import plots as plots_out
-
-        plot_paths = plots_out.write_plots(result.run, result.verdict, run_dir / "plots", max_users=max_plot_users)
-        written += plot_paths
-    result.stage_s["plots"] = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    written.append(json_out.write_verdict(result.verdict, run_dir / "verdict.json"))
-    written.append(markdown.write_report(result.verdict, run_dir / "report.md", plot_paths))
-    written.append(html.write_report(result.verdict, run_dir / "report.html", plot_paths))
-    result.stage_s["write"] = time.perf_counter() - t1
+    written = write_all(result.verdict, result.run, result.run.run_dir, plots=plots, max_plot_users=max_plot_users,
+                        stage_s=result.stage_s)
     result.written = written
     return written
 

@@ -22,7 +22,7 @@ def engine(**kw) -> EngineRequestView:
 
 
 def check(rec, eng, max_steps: int = 1):
-    """The request's figures, and for a cancelled one the judgement checks.py makes of them."""
+    """The request's figures, and for a cancelled one the judgement analysis/checks/resume.py makes of them."""
     c = reconcile_request(rec, eng, engine_has_events=eng is not None)
     if c is not None and rec.cancelled:
         c.problem = cancel_problem(c, max_steps)

@@ -505,4 +505,4 @@ def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small
         assert all(c.passed is not False for c in by_name[name]), [c.explanation for c in by_name[name]
                                                                     if c.passed is False]
     anon = [c for c in by_name["identity"] if c.scenario == "anonymous-and-spoofing"]
-    assert anon and anon[0].user == ANONYMOUS_USER and "5 requests" in anon[0].explanation
+    assert anon and anon[0].user == ANONYMOUS_USER and "6 requests" in anon[0].explanation  # 1 stream and 5 spoofs

@@ -13,6 +13,7 @@ from ratebench.analysis.thresholds import TABLE, from_options
 from ratebench.analysis.compare import compare_verdicts
 from ratebench.cli._console import fail, stderr
 from ratebench.outputs.console import print_comparison, print_verdict
+from ratebench.outputs.exporters import described
 from ratebench.outputs.markdown import write_comparison
 
 
@@ -31,7 +32,7 @@ def verify_bound(run_dir: Path, *, plots: bool = True, max_plot_users: int = 8, 
         raise fail(str(exc), verify.EXIT_UNUSABLE, label="unusable run folder") from None
     written = verify.write_result(result, plots=plots, max_plot_users=max_plot_users)
     print_verdict(result.verdict)
-    stderr().print(f"wrote {len(written)} files into {run_dir} (verdict.json, report.md, report.html, plots/)")
+    stderr().print(f"wrote {len(written)} files into {run_dir} ({described()})")
     raise typer.Exit(verify.exit_code(result.verdict))
 
 
