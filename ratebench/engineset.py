@@ -323,7 +323,7 @@ class EngineSet:
             kind="external", feature=True, async_scheduling=None, default_tps=lim.default_tps,
             user_tps=dict(lim.user_tps), flags=None,
             events_file=f"engines/{EXTERNAL_ENGINE}/events.rbev" if events_file else None,
-            endpoint=endpoint, served_model=model,
+            endpoint=endpoint, served_model=model, record_events=bool(events_file),
         )
         self.manifest.write()
         ref = EngineRef(name=EXTERNAL_ENGINE, endpoint=endpoint, model=model, feature=True, kind="external")

@@ -46,7 +46,7 @@ Schema (every key is checked; unknown keys are errors)::
     name = "seed-experiment"          # unique; defaults to the kind
     kind = "seed-experiment"          # one of scenario_kinds()
     scheduling = ["sync", "async"]    # optional; default: the profile's first mode
-    # ... the kind's parameters: PARAMS of ratebench/scenarios/<kind>.py
+    # ... the kind's parameters: PARAMS of its module in ratebench/scenarios/
 
 Users named by a scenario must be keys of ``[limits.users]`` (write the
 default rate there to use a user at the default rate). Rates are positive
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 import tomllib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -277,7 +278,7 @@ def register(kind: Kind) -> Kind:
 
 def kinds() -> dict[str, Kind]:
     """The scenario kinds by name, in the order their package registers them."""
-    if not _KINDS:
+    if KINDS_PACKAGE not in sys.modules:
         importlib.import_module(KINDS_PACKAGE)
     return _KINDS
 

@@ -171,8 +171,6 @@ class RunData:
     traces: dict[str, EngineTrace]
     warnings: list[str] = field(default_factory=list)
     stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
-    # engine -> where it did not run as asked (its event file's header against manifest.json, the
-    # CPU async overlay's own counts): the engine-as-asked check; only engines with an event file
 
 
 def _read_json(path: Path, what: str):

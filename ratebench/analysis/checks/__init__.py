@@ -3,8 +3,8 @@
 One module per promise (or per scenario whose checks guard several: the fleet's, the pressure
 scenarios'), each registering its checks' meanings and the functions that make them
 (:mod:`~ratebench.analysis.checks.base`). The package imports every module it holds: adding a check is
-a module here (its figures from a measure module of ratebench/analysis, its thresholds in
-``verdict.Thresholds``)."""
+a module here (its figures from a measure module of ratebench/analysis; a threshold it needs is a
+field of ``verdict.Thresholds`` and a row of ``analysis/thresholds.py``)."""
 
 from __future__ import annotations
 
