@@ -80,3 +80,29 @@ def test_an_interrupted_phase_gets_every_workers_records_marked() -> None:
     driver = asyncio.run(main())
     assert len(driver.records) == 4
     assert all(r.cancelled and r.error == "interrupted" and r.streamed_tokens > 0 for r in driver.records)
+
+
+def test_a_cancel_that_comes_with_the_next_message_is_never_swallowed() -> None:
+    """The driver's wait for its workers' messages: a cancel (an interrupted phase) that comes in the
+    same turn as a message propagates, and the message goes back into the queue. asyncio.wait_for on
+    Python 3.11 returns the message and swallows the cancel, and the phase ran on to its end (seen once
+    in CI: test_an_interrupted_phase_gets_every_workers_records_marked, "DID NOT RAISE")."""
+    from ratebench.workload.workers import _next
+
+    async def main() -> int:
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.create_task(_next(queue, 5.0))
+        await asyncio.sleep(0)  # the task now waits on the queue
+        queue.put_nowait((0, ("live", {})))  # wakes it...
+        task.cancel()  # ...and the cancel comes in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return queue.qsize()
+
+    assert asyncio.run(main()) == 1
+
+    async def times_out() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await _next(asyncio.Queue(), 0.01)
+
+    asyncio.run(times_out())

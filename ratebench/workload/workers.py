@@ -93,6 +93,26 @@ def _read_pipe(w: int, conn, first: tuple, lock: threading.Lock, loop: asyncio.A
             return
 
 
+async def _next(queue: asyncio.Queue, timeout_s: float) -> Any:
+    """The queue's next item within ``timeout_s`` (else TimeoutError). Not ``asyncio.wait_for``: on
+    Python 3.11 it returns the item and swallows the cancel when both come at once, and a phase
+    interrupted then ran on to its end. A cancel here always propagates; an item that arrived with it
+    goes back into the queue for the interrupted phase's own reading."""
+    getter = asyncio.ensure_future(queue.get())
+    try:
+        done, _ = await asyncio.wait({getter}, timeout=timeout_s)
+    except asyncio.CancelledError:
+        if getter.done() and not getter.cancelled():
+            queue.put_nowait(getter.result())
+        else:
+            getter.cancel()
+        raise
+    if not done:
+        getter.cancel()
+        raise asyncio.TimeoutError
+    return getter.result()
+
+
 async def run_phase_in_workers(driver: StreamSender, ctx: PhaseContext, requests: list[StreamRequest], *,
                                concurrency: int | None, limits: dict[str, int | None] | None) -> list[ClientRecord]:
     workers = min(driver.workers, len(requests))
@@ -129,7 +149,7 @@ async def run_phase_in_workers(driver: StreamSender, ctx: PhaseContext, requests
         ready: set[int] = set()
         deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
         while len(ready) < workers:
-            w, msg = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+            w, msg = await _next(queue, max(0.0, deadline - time.monotonic()))
             if msg[0] != "ready":
                 raise RuntimeError(f"driver worker {w} did not start: {msg[1] if len(msg) > 1 else msg[0]}")
             ready.add(w)
@@ -145,7 +165,7 @@ async def run_phase_in_workers(driver: StreamSender, ctx: PhaseContext, requests
             next_display = time.monotonic()
             while len(results) < workers:
                 try:
-                    w, msg = await asyncio.wait_for(queue.get(), LIVE_EVERY_S)
+                    w, msg = await _next(queue, LIVE_EVERY_S)
                 except asyncio.TimeoutError:
                     w, msg = -1, ("tick",)
                 if msg[0] == "live":
