@@ -364,11 +364,13 @@ def test_an_async_engine_that_polls_with_an_empty_batch_in_flight_fails_wait_cpu
     batch queue, so it never blocks (seen here at 0.36 CPUs in cpu-tiny's scenario; 0.02 shipped)."""
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": ASYNC_POLLS_EMPTY_BATCHES},
                           _WAITING.replace('kind = "waiting"', 'kind = "waiting"\nscheduling = ["async"]'), "async")
-    assert ("wait-cpu", None) in _failed(verdict), verdict.summary()
-    assert {name for name, _ in _failed(verdict)} <= {"wait-cpu", "wait-steps", "wake-first-token", "wake-abort",
-                                                     "even-spacing-emit", "even-spacing-dispatch"}, verdict.summary()
-    (cpu,) = [c for c in verdict.checks if c.name == "wait-cpu"]
-    assert cpu.engine.endswith("async")
+    # the polling shows in the engine's CPU (wait-cpu) or, on a slow CPU where the polls cost less than
+    # the threshold, in its empty steps (wait-steps: 749 a second where 40 are allowed, seen once in CI)
+    failed = {name for name, _ in _failed(verdict)}
+    assert failed & {"wait-cpu", "wait-steps"}, verdict.summary()
+    assert failed <= {"wait-cpu", "wait-steps", "wake-first-token", "wake-abort",
+                      "even-spacing-emit", "even-spacing-dispatch"}, verdict.summary()
+    assert all(c.engine.endswith("async") for c in verdict.failures), verdict.summary()
 
 
 def test_an_async_engine_that_leaves_a_stopped_request_parked_fails(tmp_path, tiny_model):
