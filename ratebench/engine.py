@@ -79,6 +79,10 @@ class EngineSpec:
     pristine_files: dict[str, bytes | None] | None = field(default=None, repr=False)
     # CPU: keep --async-scheduling through ratebench/cpu_async.py's overlay (async engines only).
     cpu_async_overlay: bool = False
+    # vLLM's --scheduling-policy the engine is meant to run: "fcfs" or "priority". An engine of the
+    # "priority" scheduling mode gets the flag here; the others run what the profile's flags say.
+    scheduling_policy: str = "fcfs"
+    policy_flag: bool = False  # add --scheduling-policy (the "priority" mode)
 
     def limiter_flags(self) -> list[str]:
         if not self.feature:
@@ -95,6 +99,8 @@ class EngineSpec:
         flags = ["--model", self.model, "--served-model-name", self.served_name, *self.flags]
         if self.async_scheduling:
             flags.append("--async-scheduling")
+        if self.policy_flag:
+            flags += ["--scheduling-policy", self.scheduling_policy]
         return flags + self.limiter_flags()
 
     def argv(self, port: int | str) -> list[str]:

@@ -102,7 +102,7 @@ class EngineSet:
         self.manifest.engines[name] = EngineEntry(
             kind=spec.kind, feature=spec.feature, async_scheduling=spec.async_scheduling,
             default_tps=spec.default_tps, user_tps=spec.user_tps if spec.feature else None,
-            flags=spec.all_flags(), log_file=f"engines/{name}/engine.log", started_monotonic_ns=time.monotonic_ns(),
+            flags=spec.all_flags(), scheduling_policy=spec.scheduling_policy, log_file=f"engines/{name}/engine.log", started_monotonic_ns=time.monotonic_ns(),
             stock_overlay=spec.pristine_files is not None, cpu_async_overlay=uses_cpu_async_overlay(spec),
             record_events=records_events(spec),
         )
@@ -110,7 +110,8 @@ class EngineSet:
         self.console.print(f"[bold]engine[/] {name}: starting ({spec.kind} vLLM, "
                            f"{'limiter on' if spec.feature else 'limiter off'}, "
                            f"{'' if spec.record_events or spec.kind != 'patched' else 'no engine events, '}"
-                           f"{'async' if spec.async_scheduling else 'sync'} scheduling)")
+                           f"{'async' if spec.async_scheduling else 'sync'} scheduling"
+                           f"{', priority policy' if spec.scheduling_policy == 'priority' else ''})")
         engine = launch_engine(spec, self.run_dir / "engines" / name)
         self.running[name] = engine
         entry = self.manifest.engines[name]

@@ -319,6 +319,9 @@ class EngineEntry:
     default_tps: int | None
     user_tps: dict[str, int] | None
     flags: list[str] | None  # the vllm serve flags (None: a server someone else started)
+    # the --scheduling-policy asked ("fcfs" or "priority"; None: not known, a server someone else started
+    # or a run folder from before it was recorded)
+    scheduling_policy: str | None = None
     events_file: str | None = None  # relative to the run folder
     log_file: str | None = None
     endpoint: str | None = None
@@ -385,6 +388,7 @@ class ClientRecord:
     cancel_ns: int | None = None
     openai_user: str | None = None  # the OpenAI "user" field, if the scenario sent one
     spoof: str | None = None  # the channels through which the request named another user, if any
+    priority: int = 0  # the request's priority as sent (vLLM acts on it under --scheduling-policy priority)
     # the answer's token ids as streamed (choices[].token_ids, sent with return_token_ids); None when the
     # server sent none (a run folder from before they were recorded, or a server that ignores the field)
     token_ids: list[int] | None = None

@@ -49,9 +49,20 @@ def profile_engine_flags(profile: Profile) -> list[str]:
     return flags + list(e.extra_args)
 
 
+def flag_policy(flags: list[str]) -> str:
+    """The --scheduling-policy that ``flags`` give vLLM (the last one wins; "fcfs", vLLM's default)."""
+    policy = "fcfs"
+    for k, flag in enumerate(flags):
+        if flag == "--scheduling-policy" and k + 1 < len(flags):
+            policy = flags[k + 1]
+        elif flag.startswith("--scheduling-policy="):
+            policy = flag.split("=", 1)[1]
+    return policy.lower()
+
+
 def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool,
                 pristine_files: Callable[[], dict[str, bytes | None]]) -> EngineSpec:
-    """The engine ``name`` (role-mode: patched-sync, stock-async, ...) of a run of ``profile``.
+    """The engine ``name`` (role-mode: patched-sync, stock-async, patched-priority, ...) of a run of ``profile``.
 
     ``pristine_files`` is called only for a stock engine beside the patch (served through the
     import overlay); ``use_patch`` False: every engine is stock vLLM as installed, limiter flags left out.
@@ -60,11 +71,13 @@ def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool
     feature = role in (ROLE_FEATURE_ON, ROLE_NO_EVENTS) and use_patch
     kind = "stock" if role == ROLE_STOCK or not use_patch else "patched"
     lim = profile.limits
+    flags = profile_engine_flags(profile)
     return EngineSpec(
         name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"),
+        scheduling_policy="priority" if mode == "priority" else flag_policy(flags), policy_flag=mode == "priority",
         pristine_files=pristine_files() if kind == "stock" and use_patch else None,
         model=model_path, served_name=profile.model.served_name,
-        flags=profile_engine_flags(profile),
+        flags=flags,
         default_tps=lim.default_tps if feature else None,
         user_tps=dict(lim.user_tps) if feature else {},
         env=_member_env(profile, name), record_events=role != ROLE_NO_EVENTS,

@@ -11,7 +11,8 @@ Schema (every key is checked; unknown keys are errors)::
     name = "cpu-tiny"                 # optional; defaults to the file's stem
     description = "one line"          # shown by `ratebench profiles`
     device = "cpu"                    # "cpu" or "cuda"
-    scheduling = ["sync", "async"]    # engines to build: sync and/or async scheduling
+    scheduling = ["sync", "async"]    # engines to build: sync, async and/or priority scheduling
+                                      # ("priority": sync scheduling, --scheduling-policy priority)
     startup_timeout_s = 300           # engine readiness timeout
     shutdown_grace_s = 20             # SIGINT -> SIGKILL grace period
     max_engines = 1                   # engines alive at once (1 on a GPU: each takes its memory)
@@ -70,7 +71,11 @@ from ratebench.events import ANONYMOUS_USER, APIS  # noqa: F401 - re-exported: p
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "cpu-tiny"
-SCHEDULING_MODES = ("sync", "async")
+# The limiter-on engines a scenario can run on: synchronous or asynchronous scheduling (promise 5), and
+# synchronous scheduling under vLLM's PRIORITY policy ("priority": its queue is upstream's priority heap,
+# and the limiter's places, victims and turns follow priorities), so that a limiter broken only under
+# that policy meets a real engine too.
+SCHEDULING_MODES = ("sync", "async", "priority")
 FLEET_POLICIES = ("round-robin", "user-hash")  # the fleet kind's routing policies (ratebench/balancer.py)
 
 
@@ -523,7 +528,7 @@ class Validator:
         value = table.get(key, default)
         if (not isinstance(value, list) or not value or any(m not in SCHEDULING_MODES for m in value)
                 or len(set(value)) != len(value)):
-            raise ProfileError(self.path, full, 'a non-empty list of distinct modes from ["sync", "async"]', value)
+            raise ProfileError(self.path, full, 'a non-empty list of distinct modes from ["sync", "async", "priority"]', value)
         return list(value)
 
     def scenario(self, raw: Any, where: str, profile_modes: list[str], limits: Limits, engine: EngineFlags,

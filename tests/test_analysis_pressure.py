@@ -302,3 +302,73 @@ def test_every_records_longest_wait_at_once_equals_one_at_a_time(recs):
         got_kind = 0 if where[j] == 0 or (where[j] == 1 and at[j] == start[j]) else int(where[j])
         kind = 0 if kind == 1 and began == start[j] else kind
         assert (int(best[j]), int(at[j]), got_kind) == (wait, began, kind), (j, times[j])
+
+
+def _starve_stream_0(run_dir, *, policy=None, priorities=None):
+    """Stream 0 of user-a gets nothing from 0.5 s to 2.5 s; the engine's header says ``policy``, and
+    the client records carry ``priorities`` (client id suffix -> priority)."""
+    from ratebench.events import read_client_records, write_client_records
+
+    run = load_run(run_dir)
+    t0 = run.phases[0].start_ns
+
+    def keep(recs, strings):
+        starved = np.array(["rb-5e1f0001-0-" in s for s in strings])[recs["req"]]
+        window = (recs["t_ns"] > t0 + 500_000_000) & (recs["t_ns"] < t0 + 2_500_000_000)
+        return ~(starved & window & np.isin(recs["kind"], [KIND_DISPATCH, KIND_EMIT]))
+
+    _rewrite_events(run_dir, keep)
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    if policy is not None:
+        with EventFileWriter(path, {**ev.meta, "policy": policy}) as w:
+            for s in ev.strings:
+                w.intern(s)
+            w.write_block(ev.records)
+    records = read_client_records(run_dir / "requests.jsonl")
+    for r in records:
+        r.priority = (priorities or {}).get(r.client_id.rsplit("-", 1)[1], 0)
+    write_client_records(run_dir / "requests.jsonl", records)
+    [check] = _checks(run_dir, "stream-wait")
+    return check
+
+
+@pytest.mark.parametrize("policy, priorities, excused", [
+    ("PRIORITY", {"0": 1}, True),  # its siblings of a higher priority (0) were open: they go first
+    ("FCFS", {"0": 1}, False),  # vLLM ignores priorities under FCFS: the wait counts
+    ("PRIORITY", {}, False),  # one priority: the streams take turns
+    ("PRIORITY", {"1": 1, "2": 1, "3": 1}, False),  # the starved stream is the highest priority
+])
+def test_under_the_priority_policy_a_stream_may_wait_for_its_users_higher_priorities(
+        tmp_path, policy, priorities, excused):
+    check = _starve_stream_0(_throttled_run(tmp_path), policy=policy, priorities=priorities)
+    assert check.passed is excused, check.explanation
+    if excused:
+        assert check.figure < 500 and "PRIORITY policy, the user's streams at priorities 0, 1" in check.explanation
+    else:
+        assert check.figure >= 1900 and "stream 0" in check.explanation
+
+
+def test_a_wait_is_excused_only_while_a_higher_priority_stream_is_open(tmp_path):
+    """The higher-priority siblings end early (their answers cut to 0.6 s): stream 0's wait after they
+    ended counts, and starving it from 0.5 s to 2.5 s fails."""
+    run_dir = _throttled_run(tmp_path)
+    from ratebench.events import read_client_records, write_client_records
+
+    records = read_client_records(run_dir / "requests.jsonl")
+    t0 = load_run(run_dir).phases[0].start_ns
+    keep_ids = set()
+    for r in records:
+        if r.user == "user-a" and not r.client_id.endswith("-0"):
+            r.done_ns = t0 + 600_000_000
+            keep_ids.add(r.client_id)
+    write_client_records(run_dir / "requests.jsonl", records)
+
+    def cut(recs, strings):  # the siblings' tokens after 0.6 s are gone too
+        sibling = np.array([any(f"{k}-" in s for k in keep_ids) for s in strings])[recs["req"]]
+        return ~(sibling & (recs["t_ns"] > t0 + 600_000_000))
+
+    _rewrite_events(run_dir, cut)
+    check = _starve_stream_0(run_dir, policy="PRIORITY", priorities={"0": 1})
+    assert not check.passed, check.explanation
+    assert 1500 <= check.figure <= 2100, check.explanation

@@ -194,3 +194,30 @@ def test_attached_to_a_server_a_mix_skips_its_limiter_off_baseline_and_says_so(n
     assert all(not ph.engine.startswith("feature-off") for ph in p.phases)
     assert {s["scenario"] for s in p.skipped} >= {"mix/mix-baseline", "crowd/mix-baseline", "overhead"}
     assert any(ph.scenario == "crowd" and ph.phase == "mix" for ph in p.phases)
+
+
+def test_the_priority_mode_is_a_sync_engine_under_the_priority_policy() -> None:
+    profile = load_profile("cpu-tiny")
+    spec = plan.engine_spec(profile, "patched-priority", "/m", use_patch=True, pristine_files=dict)
+    assert not spec.async_scheduling and spec.feature and spec.scheduling_policy == "priority"
+    flags = spec.all_flags()
+    assert flags[flags.index("--scheduling-policy") + 1] == "priority"
+    assert "--async-scheduling" not in flags
+    sync = plan.engine_spec(profile, "patched-sync", "/m", use_patch=True, pristine_files=dict)
+    assert sync.scheduling_policy == "fcfs" and "--scheduling-policy" not in sync.all_flags()
+    # a profile's own flag (or --engine-arg) sets the policy of its sync and async engines: asked as run
+    profile.engine.extra_args = [*profile.engine.extra_args, "--scheduling-policy=priority"]
+    assert plan.engine_spec(profile, "patched-async", "/m", use_patch=True,
+                            pristine_files=dict).scheduling_policy == "priority"
+
+
+def test_every_kind_runs_on_every_scheduling_mode_its_scenario_names() -> None:
+    """A mode listed in a scenario's ``scheduling`` is never left out: each kind's phases run on the
+    limiter-on engine of each mode, mode after mode."""
+    profile = load_profile("cpu-tiny")
+    for spec in profile.scenarios:
+        phases = plan_scenario(spec)
+        on = [p.engine for p in phases if p.engine.startswith("patched-")]
+        assert [f"patched-{m}" for m in spec.scheduling] == list(dict.fromkeys(on)), spec.name
+        per_mode = {e: [p.phase for p in phases if p.engine == e] for e in set(on)}
+        assert len({tuple(v) for v in per_mode.values()}) == 1, (spec.name, per_mode)

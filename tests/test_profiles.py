@@ -54,13 +54,18 @@ def test_every_builtin_profile_loads() -> None:
         assert prof.scenarios
 
 
-def test_cpu_tiny_runs_every_scenario_kind_in_sync_and_async() -> None:
+def test_cpu_tiny_runs_every_scenario_kind_in_sync_async_and_priority() -> None:
     prof = load_profile("cpu-tiny")
     # every kind but the fleet, which needs HAProxy and engines of its own: cpu-fleet runs it
     assert {s.kind for s in prof.scenarios} == set(scenario_kinds()) - {"fleet"}
     assert {s.kind for s in load_profile("cpu-fleet").scenarios} == {"fleet"}
     seed = next(s for s in prof.scenarios if s.kind == "seed-experiment")
-    assert seed.scheduling == ["sync", "async"]
+    assert seed.scheduling == ["sync", "async", "priority"]
+    # the PRIORITY policy's own code paths (places by priority and turn, victims within a priority, the
+    # priority heap as the queue) meet a real engine in the main job
+    modes = {s.name: s.scheduling for s in prof.scenarios}
+    assert {name for name, m in modes.items() if "priority" in m} == {
+        "seed-experiment", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
     assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
     assert prof.limits.limit_of(seed.params["user"]) == 20
     assert prof.limits.limit_of(seed.params["neighbour"]) == 100

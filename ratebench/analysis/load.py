@@ -52,6 +52,7 @@ class EngineInfo:
     default_tps: int | None
     user_tps: dict[str, int]
     events_file: Path | None
+    scheduling_policy: str | None = None  # "fcfs" or "priority" as asked; None: not recorded
 
     def limit_of(self, user: str) -> int | None:
         if not self.feature:
@@ -196,6 +197,7 @@ def _engine(name: str, entry: dict, run_dir: Path) -> EngineInfo:
         default_tps=None if e.default_tps is None else int(e.default_tps),
         user_tps={str(k): int(v) for k, v in (e.user_tps or {}).items()},
         events_file=(run_dir / e.events_file) if e.events_file else None,
+        scheduling_policy=None if e.scheduling_policy is None else str(e.scheduling_policy).lower(),
     )
 
 

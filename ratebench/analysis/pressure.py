@@ -10,6 +10,10 @@
   seconds; a stream that lost its KV to a neighbour and was left behind while its
   siblings kept the budget waits far longer, and so does a new stream left in the
   queue while its running siblings take every token as it comes due.
+  On an engine that ran vLLM's PRIORITY policy (its event file's header), a user's streams take
+  turns within a priority and higher priorities go first, as upstream orders them: a stream's wait
+  does not count the time while one of its user's streams of a higher priority (a lower value)
+  was open (sent and not yet ended), which its shared budget serves first.
 
 * **Place share** (phases with ``params.place_share``): every user's streams run at
   once and every limit is above what the ``--max-num-active-seqs`` places deliver, so
@@ -58,6 +62,9 @@ class StreamWaits:
     limit_tps: int
     streams: int
     waits: list[StreamWait]
+    # PRIORITY policy with the user's streams at several priorities: the waits leave out the time while a
+    # stream of a higher priority of the same user was open (its streams' priorities, lowest value first)
+    priorities: list[int] = field(default_factory=list)
 
     @property
     def expected_ns(self) -> float:
@@ -151,6 +158,12 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
     max_tokens = np.array([r.max_tokens for r in records], dtype=np.int64)
     best, best_at, where, start, measured = longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens,
                                                           owner, len(users))
+    priority = np.array([r.priority for r in records], dtype=np.int64)
+    by_priority = _runs_priority_policy(run, phase)
+    mixed: set[int] = set()
+    if by_priority and len(records):
+        mixed = _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, cancel, max_tokens,
+                                          best, best_at, where, measured)
     out = []
     ends = np.cumsum([len(records_of.get(u, [])) for u in users]).tolist()  # owner is in user order
     for k, user in enumerate(users):
@@ -165,8 +178,59 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
                 what = "first token" if at == int(start[j]) else "between tokens"
             waits.append(StreamWait(r.client_id, r.stream_index, int(best[j]), what, at, int(n[j])))
         spec = phase.users[user]
-        out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits))
+        levels = sorted({int(priority[j]) for j in range(ends[k - 1] if k else 0, ends[k])}) if k in mixed else []
+        out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits, levels))
     return out
+
+
+def _runs_priority_policy(run: RunData, phase: PhaseRecord) -> bool:
+    """Whether the phase's engine ran vLLM's PRIORITY scheduling policy (its event file's header)."""
+    trace = run.traces.get(phase.engine)
+    policy = trace.events.meta.get("policy") if trace is not None else None
+    return isinstance(policy, str) and policy.upper() == "PRIORITY"
+
+
+def _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, cancel, max_tokens,
+                              best, best_at, where, measured) -> set[int]:
+    """Under the PRIORITY policy: for every stream of a user whose streams have several priorities, its
+    longest wait again, each wait less the time while one of its user's streams of a higher priority
+    (a lower value) was open, from when it was sent to its end (the client's, else its last token). The
+    arrays are updated in place; returns the owners (users) whose waits were so measured."""
+    mixed = {int(u) for u in np.unique(owner) if len(np.unique(priority[owner == u])) > 1}
+    if not mixed:
+        return mixed
+    dispatch = _dispatch_by_record(run, phase)
+    times = [dispatch.get(int(i), np.empty(0, dtype=np.int64)) for i in rec.tolist()]
+    opened = []
+    for j, r in enumerate(records):
+        ends = [t for t in (r.done_ns, r.cancel_ns if r.cancelled else None) if t is not None]
+        if len(times[j]):
+            ends.append(int(times[j][-1]))
+        opened.append((r.sent_ns, max(ends) if ends else None))
+    for j in np.flatnonzero(np.isin(owner, list(mixed))).tolist():
+        if not measured[j]:
+            continue
+        busy = sorted((opened[i][0], opened[i][1]) for i in np.flatnonzero(
+            (owner == owner[j]) & (priority < priority[j])).tolist() if opened[i][1] is not None)
+        t = times[j]
+        marks = [int(start[j]), *t.tolist()]
+        gaps = [(marks[i], marks[i + 1], 0 if i == 0 else 1) for i in range(len(marks) - 1)]
+        if cancel[j] >= 0 and len(t) < max_tokens[j]:
+            gaps.append((int(t[-1]) if len(t) else int(start[j]), int(cancel[j]), 2))
+        worst = None
+        for a, b, kind in gaps:
+            covered, reach = 0, a
+            for lo, hi in busy:  # the union of the higher priorities' open spans within (a, b), by start
+                lo, hi = max(lo, reach), min(hi, b)
+                if hi > lo:
+                    covered += hi - lo
+                    reach = hi
+            wait = b - a - covered
+            if worst is None or wait > worst[0]:
+                worst = (wait, a, kind)
+        if worst is not None:
+            best[j], best_at[j], where[j] = worst
+    return mixed
 
 
 def longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens, owner, n_users):

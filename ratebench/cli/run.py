@@ -139,7 +139,8 @@ def _print_plan(p: plan.RunPlan, out: Console) -> None:
     for e in p.engines:
         spec = e.spec
         what = (f"{spec.kind} vLLM, limiter {'on' if spec.feature else 'off'}, "
-                f"{'async' if spec.async_scheduling else 'sync'} scheduling, {e.phases} phase(s)")
+                f"{'async' if spec.async_scheduling else 'sync'} scheduling, {spec.scheduling_policy} policy, "
+                f"{e.phases} phase(s)")
         out.print(f"  [bold]{escape(spec.name)}[/] ({what})")
         out.print(f"    argv: {escape(shlex.join(e.argv))}")
         for key, value in e.env.items():

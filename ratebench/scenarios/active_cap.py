@@ -11,7 +11,7 @@ from ratebench.profiles import (
     EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, main_engine, phase_salt, streams_of_user,
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, on_every_mode, phase_salt, streams_of_user,
 )
 from ratebench.workload import StreamRequest
 
@@ -64,9 +64,8 @@ def active_cap_fairness(spec: ScenarioSpec) -> list[PhasePlan]:
     def estimate(limits: Limits | None) -> PhaseEstimate:
         return PhaseEstimate(None, "the active places set it: users' limits are above what they deliver")
 
-    main = main_engine(spec)
-    return [PhasePlan(spec.name, "cap-equal", main, equal, estimate),
-            PhasePlan(spec.name, "cap-high", main, with_high, estimate)]
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "cap-equal", main, equal, estimate),
+                                             PhasePlan(spec.name, "cap-high", main, with_high, estimate)])
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

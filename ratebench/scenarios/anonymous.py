@@ -8,7 +8,7 @@ from typing import Any
 
 from ratebench.profiles import ANONYMOUS_USER, REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt, streams_of_user,
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
 from ratebench.workload import StreamRequest
 
@@ -88,7 +88,7 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
             budgets.append((named, p["named_streams"], p["max_tokens"]))
         return at_limits(limits, budgets)
 
-    return [PhasePlan(spec.name, "anonymous", main_engine(spec), run, estimate)]
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "anonymous", main, run, estimate)])
 
 
 KIND = register(Kind("anonymous-and-spoofing", PARAMS, anonymous_and_spoofing))

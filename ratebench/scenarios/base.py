@@ -42,7 +42,7 @@ def engine_name(role: str, mode: str) -> str:
 ROLE_FLEET = "fleet"
 FAILOVER_THINK_S = 0.05  # a failover phase's client: its next request this long after the last one ended
 FLEET_STAGGER_S = 0.025  # a fleet phase's streams are sent this far apart, in order
-_FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)(-off)?-(sync|async)")
+_FLEET_NAME = re.compile(rf"{ROLE_FLEET}([0-9]+)(-off)?-(sync|async|priority)")
 
 
 def fleet_name(engines: int, mode: str, *, off: bool = False) -> str:
@@ -238,8 +238,10 @@ def phase_salt(ctx: ScenarioContext, engine: EngineRef, phase: str) -> str:
     return f"{ctx.driver.run_id} {ctx.spec.name} {engine.name} {phase}"
 
 
-def main_engine(spec: ScenarioSpec) -> str:
-    return engine_name(ROLE_FEATURE_ON, spec.scheduling[0])
+def on_every_mode(spec: ScenarioSpec, plans: Callable[[str], list[PhasePlan]]) -> list[PhasePlan]:
+    """A scenario's phases on the limiter-on engine of each of its scheduling modes, mode after mode
+    (``plans``: the phases on one engine, by its name)."""
+    return [plan for mode in spec.scheduling for plan in plans(engine_name(ROLE_FEATURE_ON, mode))]
 
 
 def at_limits(limits: Limits | None, budgets: list[tuple[str | None, int, int]], *, wait_s: float = 0.0,

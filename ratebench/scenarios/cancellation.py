@@ -8,7 +8,7 @@ from typing import Any
 
 from ratebench.profiles import REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt, streams_of_user,
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
 
 
@@ -57,9 +57,8 @@ def cancellation(spec: ScenarioSpec) -> list[PhasePlan]:
         return at_limits(limits, [(user, p["followup_streams"], p["followup_max_tokens"])], wait_s=p["settle_s"],
                          wait="after a pause of")
 
-    main = main_engine(spec)
-    return [PhasePlan(spec.name, "cancel", main, cancel, estimate_cancel),
-            PhasePlan(spec.name, "followup", main, followup, estimate_followup)]
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "cancel", main, cancel, estimate_cancel),
+                                             PhasePlan(spec.name, "followup", main, followup, estimate_followup)])
 
 
 KIND = register(Kind("cancellation", PARAMS, cancellation))

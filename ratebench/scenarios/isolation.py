@@ -9,7 +9,7 @@ from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt, streams_of_user,
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
 
 
@@ -51,9 +51,8 @@ def isolation(spec: ScenarioSpec) -> list[PhasePlan]:
         return lambda limits: at_limits(limits, [(user, p["streams"], p["max_tokens"])], wait_s=lead_s,
                                         wait="after a lead of")
 
-    main = main_engine(spec)
-    return [PhasePlan(spec.name, "baseline", main, baseline, estimate(0.0)),
-            PhasePlan(spec.name, "shared", main, shared, estimate(p["lead_s"]))]
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "baseline", main, baseline, estimate(0.0)),
+                                             PhasePlan(spec.name, "shared", main, shared, estimate(p["lead_s"]))])
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

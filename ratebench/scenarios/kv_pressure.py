@@ -13,7 +13,7 @@ from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt, streams_of_user,
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
 from ratebench.workload import StreamRequest, WorkloadError
 
@@ -108,9 +108,8 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
         return lambda limits: at_limits(limits, [(user, 1, p["max_tokens"])], wait_s=span,
                                         wait="the last request arriving at")
 
-    main = main_engine(spec)
-    return [PhasePlan(spec.name, "kv-baseline", main, baseline, estimate(0.0)),
-            PhasePlan(spec.name, "kv-shared", main, shared, estimate(p["lead_s"]))]
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "kv-baseline", main, baseline, estimate(0.0)),
+                                             PhasePlan(spec.name, "kv-shared", main, shared, estimate(p["lead_s"]))])
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

@@ -8,7 +8,7 @@ from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
-    EngineRef, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt, streams_of_user,
+    EngineRef, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
 
 
@@ -29,8 +29,8 @@ def long_prompt(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "long-prompt", reqs, {p["user"]: {"streams": p["streams"], "backlogged": True}},
                         params={"max_num_batched_tokens": ctx.profile.engine.max_num_batched_tokens})
 
-    return [PhasePlan(spec.name, "long-prompt", main_engine(spec), run,
-                     lambda limits: at_limits(limits, [(p["user"], p["streams"], p["max_tokens"])]))]
+    return on_every_mode(spec, lambda main: [PhasePlan(
+        spec.name, "long-prompt", main, run, lambda limits: at_limits(limits, [(p["user"], p["streams"], p["max_tokens"])]))])
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

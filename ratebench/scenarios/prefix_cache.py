@@ -6,7 +6,7 @@ from typing import Any
 
 from ratebench.engine_metrics import prefix_cache_counters
 from ratebench.profiles import REQUIRED, Kind, ScenarioSpec, register
-from ratebench.scenarios.base import EngineRef, PhasePlan, ScenarioContext, at_limits, main_engine, phase_salt
+from ratebench.scenarios.base import EngineRef, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt
 from ratebench.workload import StreamRequest
 
 
@@ -42,8 +42,8 @@ def prefix_cache(spec: ScenarioSpec) -> list[PhasePlan]:
                         {p["user"]: {"streams": p["concurrency"], "backlogged": True}},
                         concurrency=p["concurrency"], extra=hits)
 
-    return [PhasePlan(spec.name, "prefix-cache", main_engine(spec), run,
-                     lambda limits: at_limits(limits, [(p["user"], p["requests"], p["max_tokens"])]))]
+    return on_every_mode(spec, lambda main: [PhasePlan(
+        spec.name, "prefix-cache", main, run, lambda limits: at_limits(limits, [(p["user"], p["requests"], p["max_tokens"])]))])
 
 
 KIND = register(Kind("prefix-cache", PARAMS, prefix_cache))

@@ -23,7 +23,7 @@ from ratebench.profiles import (
     ANONYMOUS_USER, BUILTIN_DIR, REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec,
     Validator, register,
 )
-from ratebench.scenarios.base import EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, main_engine, phase_salt
+from ratebench.scenarios.base import EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, on_every_mode, phase_salt
 from ratebench.trace import TraceError, TraceRequest, read_trace, resolve_trace, trace_sha256, trace_users
 from ratebench.workload import StreamRequest
 
@@ -112,7 +112,8 @@ def trace(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "trace", reqs, trace_phase_users(requests, p["backlogged"]),
                              params={"trace_duration_s": max(r.at_s for r in requests)})
 
-    return [PhasePlan(spec.name, "trace", main_engine(spec), run, lambda limits: trace_estimate(requests, limits))]
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "trace", main, run,
+                                                       lambda limits: trace_estimate(requests, limits))])
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

@@ -97,7 +97,7 @@ class StreamSender:
                 user=req.user, api=req.api, stream_index=req.stream_index, max_tokens=req.max_tokens,
                 ignore_eos=req.ignore_eos, prompt_tokens=req.prompt_tokens,
                 scheduled_ns=t0 + int(req.delay_s * 1e9), openai_user=req.openai_user, spoof=req.spoof,
-                fleet=ctx.fleet,
+                priority=int(req.extra_body.get("priority") or 0), fleet=ctx.fleet,
             )
             self.records.append(rec)
             out.append(rec)

@@ -11,7 +11,7 @@ from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.events import KIND_DISPATCH
 
 MEANINGS = meanings({
-    "engine-as-asked": CheckMeaning("5", "an engine did not run as the run asked (another scheduling mode, "
+    "engine-as-asked": CheckMeaning("5", "an engine did not run as the run asked (another scheduling mode or policy, "
                                     "other limits or burst, the limiter charging while off): what it showed "
                                     "proves nothing about the mode asked for",
                                     "engines/{engine}/engine.log and the header of {events}, against "
@@ -33,7 +33,8 @@ def _engines_as_asked(run: RunData) -> list[Check]:
     for name in sorted(run.traces):
         eng = run.engines[name]
         problems = engine_problems(run, name)
-        asked = (f"{'async' if eng.async_scheduling else 'sync'} scheduling, limiter "
+        policy = "" if eng.scheduling_policy is None else f", {eng.scheduling_policy} policy"
+        asked = (f"{'async' if eng.async_scheduling else 'sync'} scheduling{policy}, limiter "
                  f"{'on' if eng.feature else 'off'}")
         out.append(Check("engine-as-asked", WHOLE, WHOLE, name, None, len(problems), 0, "<=", "problems",
                          not problems,
@@ -60,6 +61,11 @@ def _meta_disagreements(name: str, eng: EngineInfo, meta: dict) -> list[str]:
     if "async_scheduling" in meta and bool(meta["async_scheduling"]) != eng.async_scheduling:
         out.append(f"engine {name}: ran with async_scheduling={meta['async_scheduling']} (its event file), "
                    f"asked for {eng.async_scheduling} (manifest.json)")
+    ran_policy = meta.get("policy")
+    if eng.scheduling_policy is not None and isinstance(ran_policy, str) \
+            and ran_policy.lower() != eng.scheduling_policy:
+        out.append(f"engine {name}: ran the {ran_policy} scheduling policy (its event file), asked for "
+                   f"{eng.scheduling_policy.upper()} (manifest.json)")
     if not eng.feature and meta.get("default_tps") is not None:
         out.append(f"engine {name}: meant to run with the limiter off, its event file says "
                    f"default_tps={meta['default_tps']}")

@@ -60,7 +60,10 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
                 f"{w.wait_ns / 1e6:.0f} ms for its {w.where} with {w.tokens} tokens in all; allowed "
                 f"{th.stream_wait_factor:g} x {sw.streams} streams / {sw.limit_tps} tok/s + "
                 f"{th.stream_wait_slack_ns / 1e6:g} ms = {allowed_ns / 1e6:.0f} ms; the streams' longest waits "
-                + ", ".join(f"{x / 1e6:.0f}" for x in waits) + " ms"))
+                + ", ".join(f"{x / 1e6:.0f}" for x in waits) + " ms"
+                + (f" (PRIORITY policy, the user's streams at priorities {', '.join(map(str, sw.priorities))}: "
+                   "a stream's waits leave out the time while a stream of a higher priority of its user was open)"
+                   if sw.priorities else "")))
         ps = place_shares(run, p)
         if ps is not None and ps.done_early:
             out.append(Check(
