@@ -606,3 +606,46 @@ def test_a_real_engine_that_holds_outputs_back_in_clumps_fails_witness_delivery(
     assert {name for name, _ in failed} <= {"witness-delivery"}, verdict.summary()
     worst = max(c.figure for c in verdict.failures)
     assert worst > 300, verdict.summary()
+
+
+# under the PRIORITY policy the places are a sort of running by priority and the users' turns
+# (_order_output_rate_running; FCFS has the bench instead): here running keeps its order and the queue's
+# head never takes a turn, so whoever is first in running keeps the places (the harness's
+# places-in-list-order, on a real engine)
+PLACES_IN_LIST_ORDER = '''
+cls = module.Scheduler
+
+def places_in_list_order(self, now_ns):
+    if not self.__dict__.get("_mutant_said"):
+        self._mutant_said = True
+        print("ratebench test mutant: places in list order", file=sys.stderr, flush=True)
+    return 0
+
+cls._order_output_rate_running = places_in_list_order
+'''
+
+_ACTIVE_CAP = """
+[[scenarios]]
+kind = "active-cap-fairness"     # 4 users x 2 streams on 4 active places; then 4 x 1 and cap-high x 2
+users = 4
+streams = 2
+max_tokens = 300
+lead_s = 0.2
+"""
+
+
+def test_a_priority_engine_whose_places_go_in_list_order_fails_place_share(tmp_path, tiny_model):
+    """Promise 4 under vLLM's PRIORITY policy (the "priority" scheduling mode: its own places code):
+    with more streams than places, the users first in running keep the places and the others get
+    none while they wait."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": PLACES_IN_LIST_ORDER}, _ACTIVE_CAP,
+                          mode="priority")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "places in list order" in logs, "the places were never ordered: the path was not run"
+    failed = _failed(verdict)
+    assert "place-share" in {name for name, _ in failed}, verdict.summary()
+    print(verdict.summary())
+    worst = min(c.figure for c in verdict.failures if c.name == "place-share")
+    assert worst < 0.3, verdict.summary()
+    (asked,) = [c for c in verdict.checks if c.name == "engine-as-asked"]
+    assert asked.passed and "priority policy" in asked.explanation, asked.explanation
