@@ -81,9 +81,9 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
     from ratebench.scenarios import plan_scenario
 
     def five_engines():
-        """cpu-tiny with the overhead scenario in full (as cpu-tiny-overhead has it): patched sync
-        and async, and for the overhead scenario (sync) the patched engine without events, feature
-        off and stock."""
+        """cpu-tiny with the overhead scenario in full (as cpu-tiny-overhead has it): patched sync,
+        async and priority, and for the overhead scenario (sync) the patched engine without events,
+        feature off and stock."""
         profile = load_profile("cpu-tiny")
         for spec in profile.scenarios:
             if spec.kind == "overhead":
@@ -92,8 +92,9 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
 
     plans = [p for spec in five_engines().scenarios for p in plan_scenario(spec)]
     names = set(p.engine for p in plans)
-    assert names == {"patched-sync", "patched-async", "patched-noevents-sync", "feature-off-sync", "stock-sync"}
-    for cap in (1, 2, 4, 5):
+    assert names == {"patched-sync", "patched-async", "patched-priority", "patched-noevents-sync",
+                     "feature-off-sync", "stock-sync"}
+    for cap in (1, 2, 4, 5, 6):
         profile = five_engines()
         profile.max_engines = cap
         engines = Run(profile, RunOptions(results_dir=tmp_path / str(cap)), Console(stderr=True)).engine_set
@@ -113,7 +114,7 @@ def test_a_run_keeps_at_most_max_engines_and_starts_each_before_its_phase(tmp_pa
         started = [n for batch in starts for n in batch]
         if cap >= 4:
             # each engine started once: all up front with room for all; else the last one
-            # when patched-async is done
+            # when another is done
             assert sorted(started) == sorted(names)
             assert len(starts[0]) == min(cap, len(names))
         else:

@@ -649,3 +649,19 @@ def test_a_priority_engine_whose_places_go_in_list_order_fails_place_share(tmp_p
     assert worst < 0.3, verdict.summary()
     (asked,) = [c for c in verdict.checks if c.name == "engine-as-asked"]
     assert asked.passed and "priority policy" in asked.explanation, asked.explanation
+
+
+# the API server lets beam search through with the limiter on (the patch's refusal skipped on both APIs)
+BEAM_SEARCH_LET_THROUGH = '''
+module.validate_beam_search_output_rate = lambda vllm_config: None
+'''
+
+
+def test_an_api_server_that_lets_beam_search_through_fails_beam_search_refused(tmp_path, tiny_model):
+    verdict = _run_broken(tmp_path, {"vllm.entrypoints.openai.completion.serving": BEAM_SEARCH_LET_THROUGH,
+                                     "vllm.entrypoints.openai.chat_completion.serving": BEAM_SEARCH_LET_THROUGH},
+                          _SPOOFING)
+    probes = [c for c in verdict.checks if c.name == "beam-search-refused"]
+    print("\n".join(c.explanation for c in probes))
+    assert len(probes) == 2 and not any(c.passed for c in probes), [c.explanation for c in probes]
+    assert all(c.figure != 400 for c in probes)

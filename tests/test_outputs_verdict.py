@@ -189,7 +189,7 @@ def test_information_only_checks_exercise_nothing(good_verdict):
     coverage = {p.name: p for p in promise_coverage(good_verdict)}
     assert coverage["overhead"].how == "its checks were information only (overhead)"
     assert headline(good_verdict) == ("PASS, 9 of 13 promises exercised; not exercised: sync and async "
-                                      "scheduling, flags refused at start-up, waiting costs nothing, overhead")
+                                      "scheduling, flags and beam search refused, waiting costs nothing, overhead")
 
 
 def test_a_fail_names_the_broken_promises_first(broken_verdict):

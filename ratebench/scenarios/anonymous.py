@@ -1,6 +1,7 @@
 """The ``anonymous-and-spoofing`` scenario kind. Requests without output_rate_user share __anonymous__; nothing
 else a client sends (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, a priority, on
-both APIs) names spoof_as. named_user's streams send output_rate_user and the same spoofs."""
+both APIs) names spoof_as. named_user's streams send output_rate_user and the same spoofs. On a limiter-on
+engine, a beam search request on each API first: it must be refused (HTTP 400)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,27 @@ def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
     ]
 
 
+async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str | None, salt: str
+                             ) -> list[dict[str, Any]]:
+    """With the limiter on, a beam search request is refused at the API (HTTP 400): its beams would be
+    charged as the user's tokens and its answer is not what the client is charged for. One plain request
+    on each API, before the phase's streams; what the server answered (check beam-search-refused)."""
+    xargs = {"vllm_xargs": {"output_rate_user": user}} if user else {}
+    text = f"[{salt} beam] Name three colours."
+    bodies = {
+        "completions": {"model": engine.model, "prompt": text, "max_tokens": 4, "use_beam_search": True,
+                        "n": 2, **xargs},
+        "chat": {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 4,
+                 "use_beam_search": True, "n": 2, **xargs},
+    }
+    out = []
+    for api, body in bodies.items():
+        path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
+        status, message = await ctx.driver.post_json(engine.endpoint + path, body)
+        out.append({"api": api, "sent": "use_beam_search, n 2", "status": status, "message": message})
+    return out
+
+
 def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
     """Requests without output_rate_user share __anonymous__; a user named in any other channel (the
     OpenAI user field, headers, other vllm_xargs keys, on both APIs) is charged nothing, and a request's
@@ -79,8 +101,10 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
         if named:
             reqs += await spoofing(named, p["named_streams"], total, "named", last_first=True)
             users[named] = {"streams": p["named_streams"], "backlogged": True}
-        await ctx.phase(engine, "anonymous", reqs, users,
-                        params={"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]})
+        params: dict[str, Any] = {"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]}
+        if engine.feature:
+            params["beam_search"] = await beam_search_probes(ctx, engine, named, salt)
+        await ctx.phase(engine, "anonymous", reqs, users, params=params)
 
     def estimate(limits: Limits | None) -> PhaseEstimate:
         budgets = [(None, total, p["max_tokens"])]

@@ -103,6 +103,13 @@ class StreamSender:
             out.append(rec)
         return out
 
+    async def post_json(self, url: str, body: dict[str, Any]) -> tuple[int, str]:
+        """One plain (not streamed) POST: its HTTP status and the start of its body (a probe's answer)."""
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), transport=self.transport,
+                                     verify=ssl_context()) as client:
+            r = await client.post(url, json=body)
+        return r.status_code, r.text[:500]
+
     def open_client(self, ctx: PhaseContext, streams: int) -> "httpx.AsyncClient | StreamPool":
         """The phase's client: a keep-alive pool for ``streams`` at once (httpx over a test transport)."""
         if self.transport is not None:

@@ -1,5 +1,6 @@
-"""The flags: malformed limiter flags are refused at start-up with a message that names the flag
-(check flags-refused, from flags.json)."""
+"""The refusals: malformed limiter flags are refused at start-up with a message that names the flag
+(check flags-refused, from flags.json); with the limiter on, beam search requests are refused at the API
+with HTTP 400 (check beam-search-refused, from the anonymous-and-spoofing phases' probes)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,31 @@ MEANINGS = meanings({
                                   "flag, or valid flags did not reach the scheduler's config as given",
                                   "flags.json: each case, how it was refused (arguments or engine config) and the "
                                   "message"),
+    "beam-search-refused": CheckMeaning("flags", "with the limiter on, a beam search request was not refused at "
+                                        "the API with HTTP 400 naming beam search: its beams are charged as the "
+                                        "user's tokens, and what the client is charged for is not its answer",
+                                        "scenarios.json, the phase's params.beam_search: each probe's HTTP status "
+                                        "and answer; engines/{engine}/engine.log"),
 })
 
 
 @per_run(30)
 def flags_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     return flag_checks(run)
+
+
+@per_run(31)
+def beam_search_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    """Each beam search probe a limiter-on phase sent (params.beam_search) was answered HTTP 400, naming
+    beam search."""
+    out = []
+    for p in run.phases:
+        for probe in p.params.get("beam_search") or []:
+            status, message = probe.get("status"), str(probe.get("message") or "")
+            ok = status == 400 and "beam search" in message.lower()
+            out.append(Check(
+                "beam-search-refused", p.scenario, p.phase, p.engine, None, status, 400, "==", "HTTP status", ok,
+                f"a beam search request on the {probe.get('api')} API ({probe.get('sent')}): HTTP {status}"
+                + (", naming beam search" if ok else
+                   f"; with the limiter on it must be refused with HTTP 400 naming beam search: {message[:200]!r}")))
+    return out
