@@ -1,6 +1,8 @@
 """The limiter's flags (docs/promise.md section 1): a malformed rate, malformed per-user rates, or
 per-user rates without a default are refused at start-up with a message that names the flag; valid
-flags reach the scheduler's config as given.
+flags reach the scheduler's config as given. And the configurations the limiter does not support
+(section 3: speculative decoding, data or pipeline parallel, a custom scheduler class, KV connectors and
+offloading): refused with the limiter on, naming the flag and the configuration; accepted with it off.
 
 Before its engines start, ``ratebench run`` puts each case through what ``vllm serve`` runs first: the
 real ``vllm serve`` argument parser (a refusal is argparse's exit 2 with its message on stderr), then,
@@ -41,6 +43,22 @@ CASES: list[tuple[str, list[str], str | None]] = [
     ("valid flags", [DEFAULT_FLAG, "10", USER_FLAG, '{"a": 5, "b": 2000}'], None),
 ]
 VALID_RATES = (10, {"a": 5, "b": 2000})
+
+# Configurations the limiter does not support (docs/promise.md section 3): with the limiter on, each must
+# be refused at start-up with a message naming the limiter's flag and the configuration; with it off,
+# each is accepted as upstream accepts it. (name, flags, the words the refusal must contain)
+CONFIG_CASES: list[tuple[str, list[str], str]] = [
+    ("speculative decoding", ["--speculative-config",
+                              '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'],
+     "speculative decoding"),
+    ("data parallel", ["--data-parallel-size", "2"], "data_parallel_size > 1"),
+    ("pipeline parallel", ["--pipeline-parallel-size", "2"], "pipeline_parallel_size > 1"),
+    ("a custom scheduler class", ["--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"],
+     "scheduler_cls"),
+    ("a KV connector", ["--kv-transfer-config", '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}'],
+     "KV connectors"),
+    ("KV offloading", ["--kv-offloading-size", "1"], "KV offloading"),
+]
 
 
 def _try(parser, model: str, flags: list[str]) -> dict[str, Any]:
@@ -95,6 +113,22 @@ def check_all() -> dict[str, Any]:
                    f"refused ({got['stage']}) without naming {names}: {got['message']}" if got["refused"] else
                    f"accepted (default {got.get('default_tps')!r}, per-user {got.get('user_tps')!r})")
         cases.append(dict(name=name, flags=flags, must_name=names, ok=ok, why=why, **got))
+    for name, config, words in CONFIG_CASES:
+        flags = [DEFAULT_FLAG, "10", *config]
+        got = _try(parser, model, flags)
+        message = got["message"] or ""
+        ok = got["refused"] and DEFAULT_FLAG in message and words in message
+        why = (f"refused ({got['stage']}), naming {DEFAULT_FLAG} and {words}" if ok else
+               f"refused ({got['stage']}) without naming {DEFAULT_FLAG} and {words}: {message}" if got["refused"]
+               else "accepted with the limiter on")
+        cases.append(dict(name=f"{name}, limiter on", flags=flags, group="config", must_name=[DEFAULT_FLAG, words],
+                          ok=ok, why=why, **got))
+        got = _try(parser, model, list(config))
+        ok = not got["refused"] and got.get("default_tps") is None
+        why = ("accepted, as upstream accepts it" if ok else f"refused with the limiter off: {got['message']}"
+               if got["refused"] else f"accepted, but the limiter is on (default {got.get('default_tps')!r})")
+        cases.append(dict(name=f"{name}, limiter off", flags=list(config), group="config", must_name=None,
+                          ok=ok, why=why, **got))
     return dict(version=1, cases=cases, seconds=round(time.monotonic() - t0, 2), error=None)
 
 

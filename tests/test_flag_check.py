@@ -34,9 +34,9 @@ def _verdict(run_folder, tmp_path, result: dict):
     return verify_run(run_dir, plots=False)
 
 
-def _only_flags_fail(verdict) -> None:
+def _only_flags_fail(verdict, name: str = "flags-refused") -> None:
     assert not verdict.passed
-    assert {c.name for c in verdict.failures} == {"flags-refused"}, verdict.summary()
+    assert {c.name for c in verdict.failures} == {name}, verdict.summary()
 
 
 def test_the_patch_refuses_every_malformed_flag_naming_it_and_keeps_valid_ones(run_folder, tmp_path):
@@ -49,6 +49,12 @@ def test_the_patch_refuses_every_malformed_flag_naming_it_and_keeps_valid_ones(r
     assert verdict.passed, verdict.summary()
     (check,) = [c for c in verdict.checks if c.name == "flags-refused"]
     assert check.passed and check.figure == 0
+    # the unsupported configurations: refused with the limiter on, accepted with it off
+    (config,) = [c for c in verdict.checks if c.name == "config-refused"]
+    assert config.passed and config.figure == 0 and "12 cases" in config.explanation, config.explanation
+    assert {c["name"].split(",")[0] for c in result["cases"] if c.get("group") == "config"} == {
+        "speculative decoding", "data parallel", "pipeline parallel", "a custom scheduler class",
+        "a KV connector", "KV offloading"}
 
 
 def test_a_parser_that_rounds_rates_fails_flags_refused(run_folder, tmp_path):
@@ -98,3 +104,48 @@ def test_valid_per_user_rates_dropped_fail_flags_refused(run_folder, tmp_path, m
 
 def test_a_check_that_cannot_run_fails_flags_refused(run_folder, tmp_path):
     _only_flags_fail(_verdict(run_folder, tmp_path, {"version": 1, "cases": [], "error": "the check exited"}))
+
+
+def test_data_parallel_let_through_with_the_limiter_on_fails_config_refused(run_folder, tmp_path, monkeypatch):
+    # the start-up check does not see data_parallel_size: each rank would grant a user its own budget
+    from vllm.config.vllm import VllmConfig
+
+    shipped = VllmConfig._verify_user_output_rate_config
+
+    def blind_to_data_parallel(self):
+        pc = self.parallel_config
+        size, pc.data_parallel_size = pc.data_parallel_size, 1
+        try:
+            shipped(self)
+        finally:
+            pc.data_parallel_size = size
+
+    monkeypatch.setattr(VllmConfig, "_verify_user_output_rate_config", blind_to_data_parallel)
+    result = check_all()
+    (bad,) = [c for c in result["cases"] if not c["ok"]]
+    assert bad["name"] == "data parallel, limiter on" and bad["why"] == "accepted with the limiter on"
+    _only_flags_fail(_verdict(run_folder, tmp_path, result), "config-refused")
+
+
+def test_configurations_refused_with_the_limiter_off_fail_config_refused(run_folder, tmp_path, monkeypatch):
+    # the start-up check runs whatever the flags: the limiter off no longer serves what upstream serves
+    from vllm.config.vllm import VllmConfig
+
+    shipped = VllmConfig._verify_user_output_rate_config
+
+    def always(self):
+        sc = self.scheduler_config
+        rate = sc.default_user_output_tokens_per_second
+        sc.default_user_output_tokens_per_second = rate or 1
+        try:
+            shipped(self)
+        finally:
+            sc.default_user_output_tokens_per_second = rate
+
+    monkeypatch.setattr(VllmConfig, "_verify_user_output_rate_config", always)
+    result = check_all()
+    bad = {c["name"] for c in result["cases"] if not c["ok"]}
+    assert bad == {f"{name}, limiter off" for name in ("speculative decoding", "data parallel", "pipeline parallel",
+                                                      "a custom scheduler class", "a KV connector",
+                                                      "KV offloading")}, bad
+    _only_flags_fail(_verdict(run_folder, tmp_path, result), "config-refused")

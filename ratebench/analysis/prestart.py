@@ -9,6 +9,9 @@ they leave in the run folder.
 * ``flags-refused`` (the flags of docs/promise.md section 1): ``flags.json``
   (:mod:`ratebench.flagcheck`), malformed limiter flags through ``vllm serve``'s parser and engine
   config: each refused naming its flag, valid ones in the scheduler's config as given.
+* ``config-refused`` (docs/promise.md section 3's refused configurations), from the same file: each
+  configuration the limiter does not support refused with the limiter on, naming the flag and the
+  configuration, and accepted with it off.
 
 A run folder without the file (an older run, or a run attached to someone else's server with
 ``--endpoint``) has no such check, and the verdict names the promise it guards as not exercised (or, for
@@ -75,6 +78,9 @@ def flag_checks(run: RunData) -> list[Check]:
     if error or not cases:
         return [Check("flags-refused", "*", "*", "vllm serve", None, None, 0, "<=", "cases", False,
                       f"the limiter's flags could not be checked: {error or 'no case'}")]
+    config = [c for c in cases if c.get("group") == "config"]
+    out = _config_check(config) if config else []
+    cases = [c for c in cases if c.get("group") != "config"]
     bad = [c for c in cases if not c.get("ok")]
     refused = sum(1 for c in cases if c.get("must_name"))
     what = (f"{len(cases)} cases through vllm serve's argument parser and engine config ({refused} malformed, "
@@ -84,4 +90,16 @@ def flag_checks(run: RunData) -> list[Check]:
     else:
         text = f"{what}: {len(bad)} not as promised; " + "; ".join(
             f"{c.get('name')} ({' '.join(c.get('flags') or [])}): {c.get('why')}" for c in bad[:3])
-    return [Check("flags-refused", "*", "*", "vllm serve", None, len(bad), 0, "<=", "cases", not bad, text)]
+    return [Check("flags-refused", "*", "*", "vllm serve", None, len(bad), 0, "<=", "cases", not bad, text), *out]
+
+
+def _config_check(cases: list[dict]) -> list[Check]:
+    """``config-refused``: each unsupported configuration refused with the limiter on (naming the flag and
+    the configuration) and accepted with it off."""
+    bad = [c for c in cases if not c.get("ok")]
+    what = (f"{len(cases)} cases through vllm serve's argument parser and engine config (each unsupported "
+            "configuration with the limiter on and off)")
+    text = (f"{what}: each refused with the limiter on, naming the flag and the configuration, and accepted "
+            "with it off" if not bad else f"{what}: {len(bad)} not as promised; " + "; ".join(
+                f"{c.get('name')} ({' '.join(c.get('flags') or [])}): {c.get('why')}" for c in bad[:3]))
+    return [Check("config-refused", "*", "*", "vllm serve", None, len(bad), 0, "<=", "cases", not bad, text)]

@@ -38,8 +38,8 @@ PROMISES: dict[str, str] = {
     "identity": "each charge goes to the request's output_rate_user, or to __anonymous__ without one",
     "flags": "malformed limiter flags (a rate that is not a positive integer, per-user rates that are not a JSON "
              "object of positive integers, per-user rates without a default) are refused at start-up with a "
-             "message that names the flag; with the limiter on, beam search requests are refused at the API "
-             "(HTTP 400)",
+             "message that names the flag, and so are the configurations the limiter does not support; with the "
+             "limiter on, beam search requests are refused at the API (HTTP 400)",
     "waiting": "waiting costs nothing: the engine blocks on its input queue while every request is throttled "
                "and wakes at once for a new request or an abort",
     "reconciliation": "for every finished request usage.completion_tokens = tokens streamed = tokens the engine "

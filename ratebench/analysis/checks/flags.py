@@ -15,6 +15,11 @@ MEANINGS = meanings({
                                   "flag, or valid flags did not reach the scheduler's config as given",
                                   "flags.json: each case, how it was refused (arguments or engine config) and the "
                                   "message"),
+    "config-refused": CheckMeaning("flags", "a configuration the limiter does not support (speculative "
+                                   "decoding, data or pipeline parallel, a custom scheduler class, KV connectors "
+                                   "or offloading) was accepted with the limiter on, or refused without naming "
+                                   "the flag and the configuration, or refused with the limiter off",
+                                   "flags.json: the cases of group config, how each was refused and the message"),
     "beam-search-refused": CheckMeaning("flags", "with the limiter on, a beam search request was not refused at "
                                         "the API with HTTP 400 naming beam search: its beams are charged as the "
                                         "user's tokens, and what the client is charged for is not its answer",
