@@ -66,6 +66,10 @@ def test_cpu_tiny_runs_every_scenario_kind_in_sync_async_and_priority() -> None:
     modes = {s.name: s.scheduling for s in prof.scenarios}
     assert {name for name, m in modes.items() if "priority" in m} == {
         "seed-experiment", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
+    # async: where a step in flight changes the limiter's path (closing, chunking, preempting, yielding)
+    assert {name for name, m in modes.items() if "async" in m} == {
+        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "waiting", "crowd", "kv-pressure",
+        "active-cap-fairness"}
     assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
     assert prof.limits.limit_of(seed.params["user"]) == 20
     assert prof.limits.limit_of(seed.params["neighbour"]) == 100
@@ -91,7 +95,8 @@ def test_profile_defaults_and_json_round_trip() -> None:
     assert data["limits"]["user_tps"]["user-a"] == 20
     iso = next(s for s in prof.scenarios if s.kind == "isolation")
     assert iso.params["lead_s"] == 0.5  # default filled in
-    assert iso.scheduling == ["sync"]  # default: the profile's first mode
+    assert iso.scheduling == ["sync", "async"]
+    assert next(s for s in prof.scenarios if s.kind == "prefix-cache").scheduling == ["sync"]  # default: the first
 
 
 def test_a_path_loads_and_the_name_defaults_to_its_stem(tmp_path: Path) -> None:
