@@ -372,3 +372,20 @@ def test_a_wait_is_excused_only_while_a_higher_priority_stream_is_open(tmp_path)
     check = _starve_stream_0(run_dir, policy="PRIORITY", priorities={"0": 1})
     assert not check.passed, check.explanation
     assert 1500 <= check.figure <= 2100, check.explanation
+
+
+@pytest.mark.parametrize("policy, priorities, judged_ok", [
+    ("FCFS", {"0": 1}, False),  # priorities mean nothing under FCFS: stream 0 left behind its siblings
+    ("PRIORITY", {"0": 1}, True),  # stream 0 of a lower priority waits for its user's priority 0 streams
+    ("PRIORITY", {"0": 1, "1": 1}, False),  # within priority 1, stream 0 is left behind stream 1
+])
+def test_under_the_priority_policy_a_users_streams_take_turns_within_a_priority(tmp_path, policy, priorities,
+                                                                                judged_ok):
+    run_dir = _throttled_run(tmp_path)
+    _starve_stream_0(run_dir, policy=policy, priorities=priorities)
+    [check] = [c for c in _checks(run_dir, "stream-fairness") if c.user == "user-a"]
+    assert check.passed is judged_ok, check.explanation
+    if policy == "PRIORITY":
+        assert "its streams at priorities 0, 1" in check.explanation, check.explanation
+    if not judged_ok:
+        assert check.figure >= 8, check.explanation  # 2 s without tokens at 20 tok/s over 4 streams

@@ -184,6 +184,14 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     limits = {int(c): eng.limit_of(strings[c]) for c in user_codes}
     req_stream = request_streams(run, trace)
     req_phase = trace.req_phase
+    # under vLLM's PRIORITY policy a user's streams take turns within a priority (higher priorities first)
+    req_priority = None
+    policy = trace.events.meta.get("policy")
+    if isinstance(policy, str) and policy.upper() == "PRIORITY":
+        req_priority = np.zeros(len(trace.req_record), dtype=np.int64)
+        has = np.flatnonzero(trace.req_record >= 0)
+        if len(has):
+            req_priority[has] = [run.records[i].priority for i in trace.req_record[has]]
 
     # the user the engine charged each client record's request (rows follow the engine's view)
     first_user = np.full(n_codes, -1, dtype=np.int64)
@@ -270,7 +278,15 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                 if row.streams > 1 or (len(rg) and rg.min() != rg.max()):
                     streams = req_stream[rg]
                     by_stream = streams if streams.min() >= 0 else rg
-                    row.stream_spread = stream_spread(tg, by_stream)
+                    levels = None if req_priority is None else np.unique(req_priority[rg])
+                    if levels is not None and len(levels) > 1:
+                        prio = req_priority[rg]
+                        spreads = [x for x in (stream_spread(tg[prio == lv], by_stream[prio == lv])
+                                               for lv in levels) if x is not None]
+                        row.stream_spread = max(spreads) if spreads else None
+                        row.stream_priorities = levels.tolist()
+                    else:
+                        row.stream_spread = stream_spread(tg, by_stream)
                     # a stream that sent several requests: also the spread counted only while every
                     # stream had one in service (judged for users whose limit never bound: checks/even.py)
                     if row.limit_tps:

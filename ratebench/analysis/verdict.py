@@ -133,6 +133,9 @@ class UserPhaseSummary:
     gaps_client_request: GapStats | None = None
     gaps_client_user: GapStats | None = None
     stream_spread: int | None = None
+    # vLLM's PRIORITY policy and the user's streams sent at several priorities: those priorities, and
+    # stream_spread is the largest spread among the streams of one priority (each takes turns within it)
+    stream_priorities: list[int] | None = None
     # a stream sent several requests and the user's budget was never spent to the bound: the spread of
     # every two streams counted only while both had a request in service (fairness.stream_spread; None:
     # no two ever were)

@@ -103,6 +103,10 @@ def _stream_fairness(row: UserPhaseSummary, binding: Binding, th: Thresholds, id
     strict = (not binding.known or binding.bound(row.user) or row.spent_to_bound(th.burst_ns)
               or not row.streams_resent)
     text = f"largest difference between {row.streams} streams' token counts while all were active: {row.stream_spread}"
+    if row.stream_priorities:
+        text += (f" (PRIORITY policy, its streams at priorities {', '.join(map(str, row.stream_priorities))}: "
+                 "the streams of one priority take turns, higher priorities first, as upstream; the largest "
+                 "difference within one priority)")
     if strict:
         return Check("stream-fairness", *ids, row.stream_spread, th.stream_spread_max, "<=", "tokens",
                      row.stream_spread <= th.stream_spread_max, text)
