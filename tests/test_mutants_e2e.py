@@ -665,3 +665,44 @@ def test_an_api_server_that_lets_beam_search_through_fails_beam_search_refused(t
     print("\n".join(c.explanation for c in probes))
     assert len(probes) == 2 and not any(c.passed for c in probes), [c.explanation for c in probes]
     assert all(c.figure != 400 for c in probes)
+
+
+# the patched scheduler costs 4 ms a step whether the limiter is on or off (say, bookkeeping run before
+# it asks whether the feature is on); stock vLLM, served from the pristine sources, is left alone
+SLOW_EVEN_WHEN_OFF = '''
+import time
+
+cls = module.Scheduler
+if hasattr(cls, "_order_output_rate_running"):  # the patched scheduler, not the stock engine's pristine one
+    shipped_schedule = cls.schedule
+
+    def slow_schedule(self, *args, **kwargs):
+        time.sleep(0.004)
+        return shipped_schedule(self, *args, **kwargs)
+
+    cls.schedule = slow_schedule
+    print("ratebench test mutant: 4 ms a step, limiter on or off", file=sys.stderr, flush=True)
+'''
+
+_OVERHEAD = """
+[[scenarios]]
+kind = "overhead"
+user = "user-fast"
+streams = 8
+max_tokens = 96
+rounds = 1
+against = ["feature-off", "stock"]
+max_overhead = 0.35
+"""
+
+
+def test_a_patch_that_slows_every_step_even_with_the_limiter_off_fails_against_stock(tmp_path, tiny_model):
+    """The limiter-off engine is every isolation check's baseline: a patch that slows every step, limiter on
+    or off, keeps the limiter-on engine level with it and passes them all. Only stock vLLM, side by side,
+    shows the cost: overhead (feature-on/stock) and feature-off-cost (feature-off/stock, promise 7)."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": SLOW_EVEN_WHEN_OFF}, _OVERHEAD, max_engines=3)
+    checks = {c.phase: c for c in verdict.checks if c.name in ("overhead", "feature-off-cost")}
+    print("\n".join(f"{c.name} {c.phase}: {c.figure} ({c.explanation})" for c in checks.values()))
+    assert checks["feature-off/stock"].passed is False and checks["feature-off/stock"].figure > 0.35
+    assert checks["feature-on/stock"].passed is False
+    assert checks["feature-on/feature-off"].passed  # both slowed alike: the pair that cannot see it

@@ -187,7 +187,7 @@ def test_sync_and_async_need_judged_checks_on_both_modes_limiter_on_engines(tmp_
 def test_information_only_checks_exercise_nothing(good_verdict):
     # the standard run: sync engines only, no waiting scenario, the overhead reported without a threshold
     coverage = {p.name: p for p in promise_coverage(good_verdict)}
-    assert coverage["overhead"].how == "its checks were information only (overhead)"
+    assert coverage["overhead"].how == "its checks were information only (feature-off-cost, overhead)"
     assert headline(good_verdict) == ("PASS, 9 of 13 promises exercised; not exercised: sync and async "
                                       "scheduling, flags and beam search refused, waiting costs nothing, overhead")
 

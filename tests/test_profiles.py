@@ -271,8 +271,8 @@ def test_builtin_profiles_ship_in_the_package_and_the_checkout_points_there() ->
 
 def test_overhead_compares_with_the_engines_it_names() -> None:
     tiny = next(s for s in load_profile("cpu-tiny").scenarios if s.kind == "overhead")
-    assert tiny.params["against"] == ["feature-off"]
-    assert {p.engine for p in plan_scenario(tiny)} == {"patched-sync", "feature-off-sync"}
+    assert tiny.params["against"] == ["feature-off", "stock"]
+    assert {p.engine for p in plan_scenario(tiny)} == {"patched-sync", "feature-off-sync", "stock-sync"}
     full = next(s for s in load_profile("cpu-tiny-overhead").scenarios if s.kind == "overhead")
     assert {p.engine for p in plan_scenario(full)} == {"patched-sync", "patched-noevents-sync", "feature-off-sync",
                                                       "stock-sync"}
