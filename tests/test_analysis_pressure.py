@@ -61,18 +61,8 @@ def test_streams_taking_turns_pass_stream_wait(tmp_path):
 
 
 def test_a_stream_left_without_tokens_fails_stream_wait(tmp_path):
-    run_dir = _throttled_run(tmp_path)
-    run = load_run(run_dir)
-    t0 = run.phases[0].start_ns
-
-    def keep(recs, strings):
-        # stream 0 of user-a gets nothing from 0.5 s to 2.5 s (its siblings keep the budget)
-        starved = np.array(["rb-5e1f0001-0-" in s for s in strings])[recs["req"]]
-        window = (recs["t_ns"] > t0 + 500_000_000) & (recs["t_ns"] < t0 + 2_500_000_000)
-        return ~(starved & window & np.isin(recs["kind"], [KIND_DISPATCH, KIND_EMIT]))
-
-    _rewrite_events(run_dir, keep)
-    [check] = _checks(run_dir, "stream-wait")
+    # stream 0 of user-a gets nothing from 0.5 s to 2.5 s (its siblings keep the budget)
+    check = _starve_stream_0(_throttled_run(tmp_path))
     assert not check.passed
     assert check.figure >= 1900
     assert "stream 0" in check.explanation

@@ -106,21 +106,28 @@ def test_a_check_that_cannot_run_fails_flags_refused(run_folder, tmp_path):
     _only_flags_fail(_verdict(run_folder, tmp_path, {"version": 1, "cases": [], "error": "the check exited"}))
 
 
-def test_data_parallel_let_through_with_the_limiter_on_fails_config_refused(run_folder, tmp_path, monkeypatch):
-    # the start-up check does not see data_parallel_size: each rank would grant a user its own budget
+def _start_up_check_sees(monkeypatch, config_of, key, value) -> None:
+    """The patch's start-up check of unsupported configurations sees ``key`` of ``config_of(vllm_config)``
+    as ``value`` (``None``: the value given, or 1 where none was), and the config is left as given."""
     from vllm.config.vllm import VllmConfig
 
     shipped = VllmConfig._verify_user_output_rate_config
 
-    def blind_to_data_parallel(self):
-        pc = self.parallel_config
-        size, pc.data_parallel_size = pc.data_parallel_size, 1
+    def seeing(self):
+        part = config_of(self)
+        given = getattr(part, key)
+        setattr(part, key, (given or 1) if value is None else value)
         try:
             shipped(self)
         finally:
-            pc.data_parallel_size = size
+            setattr(part, key, given)
 
-    monkeypatch.setattr(VllmConfig, "_verify_user_output_rate_config", blind_to_data_parallel)
+    monkeypatch.setattr(VllmConfig, "_verify_user_output_rate_config", seeing)
+
+
+def test_data_parallel_let_through_with_the_limiter_on_fails_config_refused(run_folder, tmp_path, monkeypatch):
+    # the start-up check does not see data_parallel_size: each rank would grant a user its own budget
+    _start_up_check_sees(monkeypatch, lambda c: c.parallel_config, "data_parallel_size", 1)
     result = check_all()
     (bad,) = [c for c in result["cases"] if not c["ok"]]
     assert bad["name"] == "data parallel, limiter on" and bad["why"] == "accepted with the limiter on"
@@ -129,20 +136,7 @@ def test_data_parallel_let_through_with_the_limiter_on_fails_config_refused(run_
 
 def test_configurations_refused_with_the_limiter_off_fail_config_refused(run_folder, tmp_path, monkeypatch):
     # the start-up check runs whatever the flags: the limiter off no longer serves what upstream serves
-    from vllm.config.vllm import VllmConfig
-
-    shipped = VllmConfig._verify_user_output_rate_config
-
-    def always(self):
-        sc = self.scheduler_config
-        rate = sc.default_user_output_tokens_per_second
-        sc.default_user_output_tokens_per_second = rate or 1
-        try:
-            shipped(self)
-        finally:
-            sc.default_user_output_tokens_per_second = rate
-
-    monkeypatch.setattr(VllmConfig, "_verify_user_output_rate_config", always)
+    _start_up_check_sees(monkeypatch, lambda c: c.scheduler_config, "default_user_output_tokens_per_second", None)
     result = check_all()
     bad = {c["name"] for c in result["cases"] if not c["ok"]}
     assert bad == {f"{name}, limiter off" for name in ("speculative decoding", "data parallel", "pipeline parallel",
