@@ -51,10 +51,10 @@ def test_the_patch_refuses_every_malformed_flag_naming_it_and_keeps_valid_ones(r
     assert check.passed and check.figure == 0
     # the unsupported configurations: refused with the limiter on, accepted with it off
     (config,) = [c for c in verdict.checks if c.name == "config-refused"]
-    assert config.passed and config.figure == 0 and "12 cases" in config.explanation, config.explanation
+    assert config.passed and config.figure == 0 and "16 cases" in config.explanation, config.explanation
     assert {c["name"].split(",")[0] for c in result["cases"] if c.get("group") == "config"} == {
         "speculative decoding", "data parallel", "pipeline parallel", "a custom scheduler class",
-        "a KV connector", "KV offloading"}
+        "a KV connector", "KV offloading", "an EC connector", "a pooling runner"}
 
 
 def test_a_parser_that_rounds_rates_fails_flags_refused(run_folder, tmp_path):
@@ -141,5 +141,6 @@ def test_configurations_refused_with_the_limiter_off_fail_config_refused(run_fol
     bad = {c["name"] for c in result["cases"] if not c["ok"]}
     assert bad == {f"{name}, limiter off" for name in ("speculative decoding", "data parallel", "pipeline parallel",
                                                       "a custom scheduler class", "a KV connector",
-                                                      "KV offloading")}, bad
+                                                      "KV offloading", "an EC connector",
+                                                      "a pooling runner")}, bad
     _only_flags_fail(_verdict(run_folder, tmp_path, result), "config-refused")
