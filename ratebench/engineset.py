@@ -102,7 +102,8 @@ class EngineSet:
         self.manifest.engines[name] = EngineEntry(
             kind=spec.kind, feature=spec.feature, async_scheduling=spec.async_scheduling,
             default_tps=spec.default_tps, user_tps=spec.user_tps if spec.feature else None,
-            flags=spec.all_flags(), scheduling_policy=spec.scheduling_policy, log_file=f"engines/{name}/engine.log", started_monotonic_ns=time.monotonic_ns(),
+            flags=spec.all_flags(), scheduling_policy=spec.scheduling_policy, log_file=f"engines/{name}/engine.log",
+            started_monotonic_ns=time.monotonic_ns(),
             stock_overlay=spec.pristine_files is not None, cpu_async_overlay=uses_cpu_async_overlay(spec),
             record_events=records_events(spec),
         )

@@ -2,7 +2,8 @@
 per-user rates without a default are refused at start-up with a message that names the flag; valid
 flags reach the scheduler's config as given. And the configurations the limiter does not support
 (section 3: speculative decoding, data or pipeline parallel, a custom scheduler class, KV connectors and
-offloading, EC connectors, pooling models): refused with the limiter on, naming the flag and the configuration; accepted with it off.
+offloading, EC connectors, pooling models): refused with the limiter on, naming the flag and the
+configuration; accepted with it off.
 
 Before its engines start, ``ratebench run`` puts each case through what ``vllm serve`` runs first: the
 real ``vllm serve`` argument parser (a refusal is argparse's exit 2 with its message on stderr), then,

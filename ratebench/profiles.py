@@ -59,6 +59,7 @@ Each kind's parameters, with what they mean, are the ``PARAMS`` of its module in
 
 from __future__ import annotations
 
+import json
 import importlib
 import re
 import sys
@@ -528,7 +529,8 @@ class Validator:
         value = table.get(key, default)
         if (not isinstance(value, list) or not value or any(m not in SCHEDULING_MODES for m in value)
                 or len(set(value)) != len(value)):
-            raise ProfileError(self.path, full, 'a non-empty list of distinct modes from ["sync", "async", "priority"]', value)
+            raise ProfileError(self.path, full, "a non-empty list of distinct modes from "
+                               + json.dumps(list(SCHEDULING_MODES)), value)
         return list(value)
 
     def scenario(self, raw: Any, where: str, profile_modes: list[str], limits: Limits, engine: EngineFlags,

@@ -71,6 +71,13 @@ class EngineTrace:
     req_phase: np.ndarray  # per string code: index into RunData.phases, or -1
     _columns: dict = field(default_factory=dict, repr=False, compare=False)
 
+    @property
+    def runs_priority_policy(self) -> bool:
+        """Whether the engine ran vLLM's PRIORITY scheduling policy (its event file's header): a user's
+        streams take turns within a priority, higher priorities first."""
+        policy = self.events.meta.get("policy")
+        return isinstance(policy, str) and policy.upper() == "PRIORITY"
+
     def of_kind(self, kind: int, names: tuple[str, ...] = ("t_ns", "req", "user", "count")) -> dict[str, np.ndarray]:
         """Columns of the events of one kind, time-sorted, each a contiguous array; each made once per
         engine, kind and column (the analyses share them)."""

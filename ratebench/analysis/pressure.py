@@ -159,7 +159,8 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
     best, best_at, where, start, measured = longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens,
                                                           owner, len(users))
     priority = np.array([r.priority for r in records], dtype=np.int64)
-    by_priority = _runs_priority_policy(run, phase)
+    trace = run.traces.get(phase.engine)
+    by_priority = trace is not None and trace.runs_priority_policy
     mixed: set[int] = set()
     if by_priority and len(records):
         mixed = _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, cancel, max_tokens,
@@ -181,13 +182,6 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
         levels = sorted({int(priority[j]) for j in range(ends[k - 1] if k else 0, ends[k])}) if k in mixed else []
         out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits, levels))
     return out
-
-
-def _runs_priority_policy(run: RunData, phase: PhaseRecord) -> bool:
-    """Whether the phase's engine ran vLLM's PRIORITY scheduling policy (its event file's header)."""
-    trace = run.traces.get(phase.engine)
-    policy = trace.events.meta.get("policy") if trace is not None else None
-    return isinstance(policy, str) and policy.upper() == "PRIORITY"
 
 
 def _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, cancel, max_tokens,

@@ -81,25 +81,24 @@ def flag_checks(run: RunData) -> list[Check]:
     config = [c for c in cases if c.get("group") == "config"]
     out = _config_check(config) if config else []
     cases = [c for c in cases if c.get("group") != "config"]
-    bad = [c for c in cases if not c.get("ok")]
     refused = sum(1 for c in cases if c.get("must_name"))
-    what = (f"{len(cases)} cases through vllm serve's argument parser and engine config ({refused} malformed, "
-            f"{len(cases) - refused} valid)")
-    if not bad:
-        text = f"{what}: every malformed one refused naming its flag, the valid ones in the scheduler's config"
-    else:
-        text = f"{what}: {len(bad)} not as promised; " + "; ".join(
-            f"{c.get('name')} ({' '.join(c.get('flags') or [])}): {c.get('why')}" for c in bad[:3])
-    return [Check("flags-refused", "*", "*", "vllm serve", None, len(bad), 0, "<=", "cases", not bad, text), *out]
+    return [_cases_check("flags-refused", cases, f"({refused} malformed, {len(cases) - refused} valid)",
+                         "every malformed one refused naming its flag, the valid ones in the scheduler's config"),
+            *out]
 
 
 def _config_check(cases: list[dict]) -> list[Check]:
     """``config-refused``: each unsupported configuration refused with the limiter on (naming the flag and
     the configuration) and accepted with it off."""
+    return [_cases_check("config-refused", cases, "(each unsupported configuration with the limiter on and off)",
+                         "each refused with the limiter on, naming the flag and the configuration, and accepted "
+                         "with it off")]
+
+
+def _cases_check(name: str, cases: list[dict], kinds: str, all_ok: str) -> Check:
+    """One check over cases of ``flags.json``: the cases not as promised (0 allowed), the first three named."""
     bad = [c for c in cases if not c.get("ok")]
-    what = (f"{len(cases)} cases through vllm serve's argument parser and engine config (each unsupported "
-            "configuration with the limiter on and off)")
-    text = (f"{what}: each refused with the limiter on, naming the flag and the configuration, and accepted "
-            "with it off" if not bad else f"{what}: {len(bad)} not as promised; " + "; ".join(
-                f"{c.get('name')} ({' '.join(c.get('flags') or [])}): {c.get('why')}" for c in bad[:3]))
-    return [Check("config-refused", "*", "*", "vllm serve", None, len(bad), 0, "<=", "cases", not bad, text)]
+    what = f"{len(cases)} cases through vllm serve's argument parser and engine config {kinds}"
+    text = f"{what}: {all_ok}" if not bad else f"{what}: {len(bad)} not as promised; " + "; ".join(
+        f"{c.get('name')} ({' '.join(c.get('flags') or [])}): {c.get('why')}" for c in bad[:3])
+    return Check(name, "*", "*", "vllm serve", None, len(bad), 0, "<=", "cases", not bad, text)

@@ -186,8 +186,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     req_phase = trace.req_phase
     # under vLLM's PRIORITY policy a user's streams take turns within a priority (higher priorities first)
     req_priority = None
-    policy = trace.events.meta.get("policy")
-    if isinstance(policy, str) and policy.upper() == "PRIORITY":
+    if trace.runs_priority_policy:
         req_priority = np.zeros(len(trace.req_record), dtype=np.int64)
         has = np.flatnonzero(trace.req_record >= 0)
         if len(has):

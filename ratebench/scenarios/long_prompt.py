@@ -29,8 +29,10 @@ def long_prompt(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "long-prompt", reqs, {p["user"]: {"streams": p["streams"], "backlogged": True}},
                         params={"max_num_batched_tokens": ctx.profile.engine.max_num_batched_tokens})
 
-    return on_every_mode(spec, lambda main: [PhasePlan(
-        spec.name, "long-prompt", main, run, lambda limits: at_limits(limits, [(p["user"], p["streams"], p["max_tokens"])]))])
+    def estimate(limits):
+        return at_limits(limits, [(p["user"], p["streams"], p["max_tokens"])])
+
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "long-prompt", main, run, estimate)])
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

@@ -42,8 +42,10 @@ def prefix_cache(spec: ScenarioSpec) -> list[PhasePlan]:
                         {p["user"]: {"streams": p["concurrency"], "backlogged": True}},
                         concurrency=p["concurrency"], extra=hits)
 
-    return on_every_mode(spec, lambda main: [PhasePlan(
-        spec.name, "prefix-cache", main, run, lambda limits: at_limits(limits, [(p["user"], p["requests"], p["max_tokens"])]))])
+    def estimate(limits):
+        return at_limits(limits, [(p["user"], p["requests"], p["max_tokens"])])
+
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "prefix-cache", main, run, estimate)])
 
 
 KIND = register(Kind("prefix-cache", PARAMS, prefix_cache))

@@ -17,8 +17,9 @@ MEANINGS = meanings({
                                   "message"),
     "config-refused": CheckMeaning("flags", "a configuration the limiter does not support (speculative "
                                    "decoding, data or pipeline parallel, a custom scheduler class, KV connectors "
-                                   "or offloading, EC connectors, pooling models) was accepted with the limiter on, or refused without naming "
-                                   "the flag and the configuration, or refused with the limiter off",
+                                   "or offloading, EC connectors, pooling models) was accepted with the limiter "
+                                   "on, or refused without naming the flag and the configuration, or refused "
+                                   "with the limiter off",
                                    "flags.json: the cases of group config, how each was refused and the message"),
     "beam-search-refused": CheckMeaning("flags", "with the limiter on, a beam search request was not refused at "
                                         "the API with HTTP 400 naming beam search: its beams are charged as the "
