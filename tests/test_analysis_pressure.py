@@ -11,12 +11,12 @@ import pytest
 
 from ratebench.analysis.checks import build_checks
 from ratebench.analysis.load import load_run
-from ratebench.analysis.pressure import fair_shares, place_shares, stream_waits
+from ratebench.analysis.pressure import fair_shares, fair_shares_by_priority, place_shares, stream_waits
 from ratebench.analysis.summary import summarize_run
 from ratebench.analysis.verdict import Thresholds
 from ratebench.events import KIND_DISPATCH, KIND_EMIT, EventFileWriter, read_engine_events
 from synth import SimEngine, SimPhase, SimRequest, write_run_folder
-from synthetic_runs import edit_scenarios
+from synthetic_runs import edit_client_records, edit_scenarios
 
 
 def _checks(run_dir, name):
@@ -149,6 +149,70 @@ def test_fair_shares_fill_up_to_each_limit():
     assert fair_shares(300, {"a": 1000, "b": 1000, "c": 1000}) == pytest.approx({"a": 100, "b": 100, "c": 100})
     # a low limit takes what it may; the rest split the remainder
     assert fair_shares(300, {"a": 20, "b": 1000, "c": 1000}) == pytest.approx({"a": 20, "b": 140, "c": 140})
+
+
+def test_fair_shares_by_priority_go_to_higher_priorities_first():
+    limits = {"hi": 5000, "a": 1000, "b": 1000}
+    # hi's 2 streams can take 2 of the 4 places a step: half the rate; a and b split the rest
+    assert fair_shares_by_priority(1200, limits, {"hi": -1, "a": 0, "b": 0}, {"hi": 2, "a": 1, "b": 1},
+                                   4) == pytest.approx({"hi": 600, "a": 300, "b": 300})
+    # with streams for every place hi takes it all: the lower priority's fair share is 0
+    assert fair_shares_by_priority(1200, limits, {"hi": -1, "a": 0, "b": 0}, {"hi": 4, "a": 1, "b": 1},
+                                   4) == pytest.approx({"hi": 1200, "a": 0, "b": 0})
+    # a limit caps a level as it caps a user: what the higher priority cannot take goes down a level
+    assert fair_shares_by_priority(1200, {"hi": 100, "a": 1000, "b": 1000}, {"hi": -1, "a": 0, "b": 0},
+                                   {"hi": 4, "a": 1, "b": 1}, 4) == pytest.approx({"hi": 100, "a": 300, "b": 300})
+
+
+def _priority_places_run(tmp_path, policy="PRIORITY", places=2):
+    """cap-high (2 streams, arriving last) at priority -1 beside cap-00..03 at 0; the simulated engine
+    serves every stream alike (a token a step): what a limiter that ignores priorities gives them."""
+    run_dir = _places_run(tmp_path, high=True)
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    with EventFileWriter(path, {**ev.meta, "policy": policy, "max_num_active_seqs": places}) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_block(ev.records)
+
+    def high_first(recs):
+        for r in recs:
+            if r.user == "cap-high":
+                r.priority = -1
+
+    edit_client_records(run_dir, high_first)
+    return run_dir
+
+
+def test_a_priority_engine_that_serves_priorities_alike_fails_place_share(tmp_path):
+    # cap-high's two streams at priority -1 could take both places (2) every step: its fair share is the
+    # whole rate; served like the priority-0 users it got a third of it
+    (share,) = _checks(_priority_places_run(tmp_path), "place-share")
+    assert not share.passed and share.user == "cap-high" and share.figure < 0.4, share.explanation
+    assert "PRIORITY policy" in share.explanation and "cap-high -1" in share.explanation
+    # the same run from an FCFS engine (priorities not acted on): every user's max-min share, passed
+    (share,) = _checks(_priority_places_run(tmp_path / "fcfs", policy="FCFS"), "place-share")
+    assert share.passed and "PRIORITY" not in share.explanation, share.explanation
+
+
+def test_a_priority_engine_that_serves_the_higher_priority_first_passes_place_share(tmp_path):
+    # the priority-0 users get their tokens only after cap-high's answers are done
+    run_dir = _priority_places_run(tmp_path)
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+    ev = read_engine_events(path)
+    recs = ev.records.copy()
+    low = np.array([u.startswith("cap-0") for u in ev.strings])[recs["user"]]
+    high_t = recs["t_ns"][~low & (recs["kind"] == KIND_DISPATCH)]
+    late = low & (recs["t_ns"] > high_t.min())
+    recs["t_ns"][late] += int(high_t.max() - high_t.min()) + 1
+    recs = recs[np.argsort(recs["t_ns"], kind="stable")]
+    with EventFileWriter(path, ev.meta) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_block(recs)
+    (share,) = _checks(run_dir, "place-share")
+    assert share.passed and share.figure >= 0.95, share.explanation
+    assert "cap-high -1" in share.explanation
 
 
 def test_phases_without_the_params_have_no_pressure_figures(tmp_path):

@@ -36,6 +36,7 @@ from mutants.broken import (
     PenaltyAfterRefusal,
     QueueWaitsAtFullCap,
     QueuedWhileRefused,
+    PlacesIgnorePriority,
     PlacesInListOrder,
     RunningLoopUpstreamVictim,
     RollingWindow1s,
@@ -311,7 +312,7 @@ def burst_mix(seed: int = 4) -> Workload:
                           max_num_batched_tokens=512))
 
 
-def _under_priority(make, priorities: dict[str, int]):
+def _under_priority(make, priorities: dict[str, int], name: str | None = None):
     """``make``'s workload under the PRIORITY policy, each user's streams at ``priorities[user]`` (0
     if absent; lower goes first): the policy's own paths of the patch (running sorted by turn, not
     the bench; victims and preemption rights by priority)."""
@@ -323,7 +324,7 @@ def _under_priority(make, priorities: dict[str, int]):
                 stream.priority = priorities.get(stream.user, 0)
         return w
 
-    workload.__name__ = f"{make.__name__}_priority"
+    workload.__name__ = name or f"{make.__name__}_priority"
     workload.__doc__ = f"{make.__name__}, under the PRIORITY policy ({priorities or 'one priority'})."
     return workload
 
@@ -331,13 +332,16 @@ def _under_priority(make, priorities: dict[str, int]):
 seed_experiment_priority = _under_priority(seed_experiment, {"user-b": 1})
 isolation_priority = _under_priority(isolation, {"user-b": 1})  # the throttled user first
 active_places_priority = _under_priority(active_places, {})
+# cap-high's streams go first
+active_places_high_first = _under_priority(active_places, {"cap-high": -1}, "active_places_high_first")
 kv_tiny_priority = _under_priority(kv_tiny, {})
 crowd_priority = _under_priority(crowd, {})
 
 # the clean runs: every check must pass on these with the limiter as shipped
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
-                                     isolation_priority, active_places_priority, kv_tiny_priority, kv_growth,
+                                     isolation_priority, active_places_priority, active_places_high_first,
+                                     kv_tiny_priority, kv_growth,
                                      crowd, crowd_priority, crowd_mix, kv_kept)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
                  "crowd_slots": crowd_slots, "unbound_places": unbound_places}
@@ -717,6 +721,21 @@ def test_under_the_priority_policy_places_in_list_order_fail_place_share(judged,
     assert "place-share" in {name for name, _, _ in failed}, verdict.summary()
     assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
     assert_correct_passes(judged, "active_places_priority", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_under_the_priority_policy_places_that_ignore_priorities_fail_place_share(judged, async_scheduling):
+    """cap-high's two streams at priority -1 arrive beside six users at 0 on 2 places: higher priorities
+    first gives cap-high both places; places in turn whatever the priority give it one step in seven
+    (cap-equal, all at one priority, passes either way)."""
+    _, verdict = judged("active_places_high_first", PlacesIgnorePriority, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("place-share", "cap-high", "cap-high")}, only={"place-share", "place-share-jain"})
+    assert check(verdict, "place-share", "cap-high", "cap-high").figure < 0.4, verdict.summary()
+    _, shipped = judged("active_places_high_first", async_scheduling=async_scheduling)
+    assert shipped.passed, shipped.summary()
+    (share,) = [c for c in shipped.checks if (c.name, c.phase) == ("place-share", "cap-high")]
+    assert "cap-high -1" in share.explanation, share.explanation
+    print(share.explanation)
 
 
 @SYNC_AND_ASYNC

@@ -651,6 +651,45 @@ def test_a_priority_engine_whose_places_go_in_list_order_fails_place_share(tmp_p
     assert asked.passed and "priority policy" in asked.explanation, asked.explanation
 
 
+# under the PRIORITY policy the places go round the users in turn whatever their priorities (running sorted
+# by the users' turns only, as under FCFS): the harness's places-ignore-priority, on a real engine
+PLACES_IGNORE_PRIORITY = '''
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
+cls = module.Scheduler
+shipped_order = cls._order_output_rate_running
+
+def order_by_turns_only(self, now_ns):
+    if not self.__dict__.get("_mutant_said"):
+        self._mutant_said = True
+        print("ratebench test mutant: places ignore priorities", file=sys.stderr, flush=True)
+    policy = self.policy
+    self.policy = SchedulingPolicy.FCFS
+    try:
+        return shipped_order(self, now_ns)
+    finally:
+        self.policy = policy
+
+cls._order_output_rate_running = order_by_turns_only
+'''
+
+
+def test_a_priority_engine_whose_places_ignore_priorities_fails_place_share(tmp_path, tiny_model):
+    """Higher priorities first (the "priority" mode's cap-priority phase: cap-high's two streams at
+    priority -1 beside four users at 0 on 4 places): places in turn give cap-high one place a step
+    where its two streams could have two. cap-equal and cap-high, one priority each, pass."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": PLACES_IGNORE_PRIORITY}, _ACTIVE_CAP,
+                          mode="priority")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "places ignore priorities" in logs, "the places were never ordered: the path was not run"
+    print(verdict.summary())
+    failed = _failed(verdict)
+    assert ("place-share", "cap-high") in failed, verdict.summary()
+    (share,) = [c for c in verdict.failures if c.name == "place-share"]
+    assert share.phase == "cap-priority" and share.figure < 0.8, share.explanation
+    assert {name for name, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
+
+
 # the API server lets beam search through with the limiter on (the patch's refusal skipped on both APIs)
 BEAM_SEARCH_LET_THROUGH = '''
 module.validate_beam_search_output_rate = lambda vllm_config: None

@@ -88,6 +88,10 @@ class PlaceShares:
     # Users whose requests had all ended before the last user arrived (plus SETTLE_NS): the users
     # never all wanted tokens at once, so the phase measured nothing (sized too short).
     done_early: list[str] = field(default_factory=list)
+    # PRIORITY policy, users at several priorities: each user's priority (its highest, the lowest value)
+    # and the engine's places (the fair shares go by priority, each user's capped by its streams)
+    priorities: dict[str, int] = field(default_factory=dict)
+    places: int | None = None
 
     @property
     def window_s(self) -> float:
@@ -294,6 +298,21 @@ def fair_shares(total_tps: float, limits: dict[str, float]) -> dict[str, float]:
     return out
 
 
+def fair_shares_by_priority(total_tps: float, limits: dict[str, float], priorities: dict[str, int],
+                            streams: dict[str, int], places: int) -> dict[str, float]:
+    """Fair shares of ``total_tps`` when higher priorities (lower values) go first: level by level, the
+    max-min shares of what the levels before left, each user's capped by its limit and by its streams'
+    places (``streams / places`` of the whole rate: a stream takes one place a step)."""
+    left, out = total_tps, {}
+    for level in sorted(set(priorities.values())):
+        group = [u for u in limits if priorities[u] == level]
+        caps = {u: min(limits[u], total_tps * min(1.0, streams[u] / places)) for u in group}
+        shares = fair_shares(max(left, 0.0), caps)
+        out.update(shares)
+        left -= sum(shares.values())
+    return out
+
+
 def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
     """Each user's rate while every user wanted tokens, against its max-min fair share."""
     if not phase.params.get("place_share"):
@@ -303,11 +322,15 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
     last_token: dict[str, int] = {}
     ended: dict[str, int] = {}  # when the user's last request ended (done, or its last token)
     times: dict[str, list[np.ndarray]] = {}
+    priority: dict[str, int] = {}  # each user's highest priority (the lowest value) and its streams
+    streams: dict[str, int] = {}
     for i, r in enumerate(run.records):
         if r.engine != phase.engine or r.scenario != phase.scenario or r.phase != phase.phase or r.sent_ns is None:
             continue
         u = client_user(r.user)
         first_sent[u] = min(first_sent.get(u, r.sent_ns), r.sent_ns)
+        priority[u] = min(priority.get(u, r.priority), r.priority)
+        streams[u] = streams.get(u, 0) + 1
         t = by_record.get(i)
         # a request never done still wanted tokens
         end_ns = np.iinfo(np.int64).max if r.done_ns is None else r.done_ns
@@ -335,6 +358,14 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
         t = np.concatenate(times[u]) if u in times else np.empty(0, dtype=np.int64)
         rates[u] = float(((t > start) & (t <= end)).sum()) / span_s
     limits = {u: float(phase.users[u].limit_tps or np.inf) for u in users}
+    trace = run.traces.get(phase.engine)
+    places = trace.events.meta.get("max_num_active_seqs") if trace is not None else None
+    levels = {u: priority[u] for u in users}
+    if len(set(levels.values())) > 1 and places and trace.runs_priority_policy:
+        # higher priorities first (PRIORITY policy), each user at its highest priority
+        fair = fair_shares_by_priority(sum(rates.values()), limits, levels, streams, int(places))
+        ratios = {u: (rates[u] / fair[u]) if fair[u] > 0 else 1.0 for u in users}
+        return PlaceShares(int(start), int(end), rates, fair, ratios, priorities=levels, places=int(places))
     fair = fair_shares(sum(rates.values()), limits)
     ratios = {u: (rates[u] / fair[u]) if fair[u] > 0 else 1.0 for u in users}
     return PlaceShares(int(start), int(end), rates, fair, ratios)

@@ -1,6 +1,8 @@
 """The ``active-cap-fairness`` scenario kind. Users share the --max-num-active-seqs places: more streams than
 places, every user's limit above what the places deliver. "equal": users x streams at one limit; "high": the
-users with one stream each first, then one user at high_limit_tps (cap-high) with high_streams after lead_s.
+users with one stream each first, then one user at high_limit_tps (cap-high) with high_streams after lead_s;
+on the "priority" mode's engine (vLLM's PRIORITY policy) also "priority": "high" again with cap-high's
+streams sent at priority -1, the others at 0 (higher priorities take the places first).
 Users cap-00.. and cap-high take their limits as if declared in [limits.users]."""
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from ratebench.profiles import (
     EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, on_every_mode, phase_salt, streams_of_user,
+    ROLE_FEATURE_ON, EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, engine_name, on_every_mode, phase_salt,
+    streams_of_user,
 )
 from ratebench.workload import StreamRequest
 
@@ -50,22 +53,35 @@ def active_cap_fairness(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "cap-equal", reqs, {u: {"streams": p["streams"], "backlogged": False} for u in low},
                         params={"place_share": True})
 
-    async def with_high(ctx: ScenarioContext, engine: EngineRef) -> None:
-        salt = phase_salt(ctx, engine, "cap-high")
+    async def with_high(ctx: ScenarioContext, engine: EngineRef, name: str = "cap-high",
+                        high_first: bool = False) -> None:
+        salt = phase_salt(ctx, engine, name)
         reqs: list[StreamRequest] = []
         for i, u in enumerate(low):
             reqs += await streams_of_user(ctx, engine, u, 1, p["max_tokens"], f"{salt} {u}", first_index=i)
+        # under vLLM's PRIORITY policy a lower value goes first
+        extra = {"extra_body": {"priority": -1}} if high_first else {}
         reqs += await streams_of_user(ctx, engine, high, p["high_streams"], p["max_tokens"], f"{salt} {high}",
-                                      first_index=len(low), delay_s=p["lead_s"])
+                                      first_index=len(low), delay_s=p["lead_s"], **extra)
         users = {u: {"streams": 1, "backlogged": False} for u in low}
         users[high] = {"streams": p["high_streams"], "backlogged": False}
-        await ctx.phase(engine, "cap-high", reqs, users, params={"place_share": True})
+        await ctx.phase(engine, name, reqs, users, params={"place_share": True})
+
+    async def with_high_first(ctx: ScenarioContext, engine: EngineRef) -> None:
+        await with_high(ctx, engine, "cap-priority", high_first=True)
 
     def estimate(limits: Limits | None) -> PhaseEstimate:
         return PhaseEstimate(None, "the active places set it: users' limits are above what they deliver")
 
-    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "cap-equal", main, equal, estimate),
-                                             PhasePlan(spec.name, "cap-high", main, with_high, estimate)])
+    def on(main: str) -> list[PhasePlan]:
+        plans = [PhasePlan(spec.name, "cap-equal", main, equal, estimate),
+                 PhasePlan(spec.name, "cap-high", main, with_high, estimate)]
+        if main == engine_name(ROLE_FEATURE_ON, "priority"):
+            # higher priorities first (place-share judges each level's shares of what the levels before left)
+            plans.append(PhasePlan(spec.name, "cap-priority", main, with_high_first, estimate))
+        return plans
+
+    return on_every_mode(spec, on)
 
 
 def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec

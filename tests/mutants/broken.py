@@ -400,6 +400,29 @@ class PlacesInListOrder(Mutant):
         scheduler._order_output_rate_running = lambda now_ns: 0
 
 
+class PlacesIgnorePriority(Mutant):
+    """Under the PRIORITY policy the places go round the users in turn whatever their priorities:
+    ``running`` is sorted by the users' turns only, as under FCFS, so a user of a higher priority
+    waits its turn behind users of lower ones (the policy says: higher priorities first)."""
+
+    name = "places-ignore-priority"
+
+    def apply(self, scheduler) -> None:
+        from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
+        order = scheduler._order_output_rate_running
+
+        def order_by_turns_only(now_ns):
+            policy = scheduler.policy
+            scheduler.policy = SchedulingPolicy.FCFS
+            try:
+                return order(now_ns)
+            finally:
+                scheduler.policy = policy
+
+        scheduler._order_output_rate_running = order_by_turns_only
+
+
 class RunningLoopUpstreamVictim(Mutant):
     """When a running request of a user with budget needs a KV block, the running loop preempts
     upstream's victim (the last of running, often that request itself) instead of a throttled

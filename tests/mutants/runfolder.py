@@ -254,7 +254,8 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
                 in_flight[i] = req_id
                 phase_requests.append(req_id)
                 client.append(dict(client_id=client_id, req_id=req_id, phase=phase, user=s.user, stream_index=i,
-                                   max_tokens=s.max_tokens, prompt_tokens=s.prompt_len, sent_ns=now))
+                                   max_tokens=s.max_tokens, prompt_tokens=s.prompt_len, sent_ns=now,
+                                   priority=s.priority))
             if not any(todo) and all(r in rec.finish for r in phase_requests):
                 break
             if now >= deadline:
@@ -321,7 +322,7 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
             prompt_tokens=c["prompt_tokens"], scheduled_ns=c["sent_ns"], sent_ns=c["sent_ns"],
             first_token_ns=chunks[0][0] if chunks else None, done_ns=chunks[-1][0] if chunks else t_fin,
             chunk_ns=[t for t, _ in chunks], chunk_tokens=[n for _, n in chunks], completion_tokens=total,
-            finish_reason=reason, http_status=200,
+            finish_reason=reason, http_status=200, priority=c["priority"],
             error=(f"no answer after the phase's {phase.max_s} s of fake time (the client gave up)"
                    if c["req_id"] in rec.timed_out else None),
         ))

@@ -77,6 +77,11 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
             worst_user, worst = ps.worst
             rates = ", ".join(f"{u} {ps.rates_tps[u]:.0f}/{ps.fair_tps[u]:.0f}" for u in sorted(ps.rates_tps))
             window = f"over {ps.window_s:.2f} s while every user wanted tokens; tok/s got/fair: {rates}"
+            if ps.priorities:
+                levels = ", ".join(f"{u} {ps.priorities[u]}" for u in sorted(ps.priorities))
+                window += (f" (PRIORITY policy, users at priorities {levels}: higher priorities first, each "
+                           f"level's max-min shares of what the levels before left, a user's capped by its limit "
+                           f"and by its streams / {ps.places} places of the rate)")
             out.append(Check("place-share", p.scenario, p.phase, p.engine, worst_user, round(worst, 4),
                              th.place_share_min, ">=", "x fair share", worst >= th.place_share_min,
                              f"{worst_user} got {worst:.2f} x its max-min fair share of the active places {window}"))
