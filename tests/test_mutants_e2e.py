@@ -706,6 +706,41 @@ def test_an_api_server_that_lets_beam_search_through_fails_beam_search_refused(t
     assert all(c.figure != 400 for c in probes)
 
 
+# the API server refuses beam search whether the limiter is on or off (say, a refusal that asks whether the
+# patch is installed instead of whether the limiter is on): promise 7 broken at the API, not in the scheduler
+BEAM_SEARCH_ALWAYS_REFUSED = '''
+module.validate_beam_search_output_rate = lambda vllm_config: (
+    "Beam search is not supported while per-user output rate limiting is enabled.")
+'''
+
+_SMALL_MIX = """
+[[scenarios]]
+kind = "mix"
+seed = 4
+duration_s = 1
+output_tokens = { dist = "uniform", low = 4, high = 12 }
+baseline = true
+[[scenarios.tiers]]
+name = "tier"
+users = 2
+limit_tps = 50
+rate = 2.0
+"""
+
+
+def test_an_api_server_that_refuses_beam_search_with_the_limiter_off_fails_beam_search_off_served(
+        tmp_path, tiny_model):
+    """Promise 7 at the API: the mix's phase on the limiter-off engine probes beam search on each API."""
+    verdict = _run_broken(tmp_path, {"vllm.entrypoints.openai.completion.serving": BEAM_SEARCH_ALWAYS_REFUSED,
+                                     "vllm.entrypoints.openai.chat_completion.serving": BEAM_SEARCH_ALWAYS_REFUSED},
+                          _SMALL_MIX, max_engines=2)
+    probes = [c for c in verdict.checks if c.name == "beam-search-off-served"]
+    print("\n".join(c.explanation for c in probes))
+    assert len(probes) == 2 and not any(c.passed for c in probes), [c.explanation for c in probes]
+    assert all(c.figure == 400 and c.engine.startswith("feature-off") for c in probes)
+    assert {c.name for c in verdict.failures} == {"beam-search-off-served"}, verdict.summary()
+
+
 # the patched scheduler costs 4 ms a step whether the limiter is on or off (say, bookkeeping run before
 # it asks whether the feature is on); stock vLLM, served from the pristine sources, is left alone
 SLOW_EVEN_WHEN_OFF = '''

@@ -9,7 +9,8 @@ from typing import Any
 
 from ratebench.profiles import ANONYMOUS_USER, REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
-    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
+    EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, beam_search_probes, on_every_mode, phase_salt,
+    streams_of_user,
 )
 from ratebench.workload import StreamRequest
 
@@ -42,27 +43,6 @@ def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
          {**user_field, **headers, **xargs, "extra_body": {"priority": -1}}),
         ("priority 1", "completions", {"extra_body": {"priority": 1}}),
     ]
-
-
-async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str | None, salt: str
-                             ) -> list[dict[str, Any]]:
-    """With the limiter on, a beam search request is refused at the API (HTTP 400): its beams would be
-    charged as the user's tokens and its answer is not what the client is charged for. One plain request
-    on each API, before the phase's streams; what the server answered (check beam-search-refused)."""
-    xargs = {"vllm_xargs": {"output_rate_user": user}} if user else {}
-    text = f"[{salt} beam] Name three colours."
-    bodies = {
-        "completions": {"model": engine.model, "prompt": text, "max_tokens": 4, "use_beam_search": True,
-                        "n": 2, **xargs},
-        "chat": {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 4,
-                 "use_beam_search": True, "n": 2, **xargs},
-    }
-    out = []
-    for api, body in bodies.items():
-        path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
-        status, message = await ctx.driver.post_json(engine.endpoint + path, body)
-        out.append({"api": api, "sent": "use_beam_search, n 2", "status": status, "message": message})
-    return out
 
 
 def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:

@@ -234,6 +234,28 @@ async def streams_of_user(ctx: ScenarioContext, engine: EngineRef, user: str | N
     return out
 
 
+async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str | None, salt: str
+                             ) -> list[dict[str, Any]]:
+    """With the limiter on, a beam search request is refused at the API (HTTP 400): its beams would be
+    charged as the user's tokens and its answer is not what the client is charged for; with it off, it
+    is served as upstream serves it (HTTP 200). One plain request on each API, before the phase's
+    streams; what the server answered (checks beam-search-refused, beam-search-off-served)."""
+    xargs = {"vllm_xargs": {"output_rate_user": user}} if user else {}
+    text = f"[{salt} beam] Name three colours."
+    bodies = {
+        "completions": {"model": engine.model, "prompt": text, "max_tokens": 4, "use_beam_search": True,
+                        "n": 2, **xargs},
+        "chat": {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 4,
+                 "use_beam_search": True, "n": 2, **xargs},
+    }
+    out = []
+    for api, body in bodies.items():
+        path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
+        status, message = await ctx.driver.post_json(engine.endpoint + path, body)
+        out.append({"api": api, "sent": "use_beam_search, n 2", "status": status, "message": message})
+    return out
+
+
 def phase_salt(ctx: ScenarioContext, engine: EngineRef, phase: str) -> str:
     return f"{ctx.driver.run_id} {ctx.spec.name} {engine.name} {phase}"
 

@@ -20,7 +20,8 @@ from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
-    ROLE_FEATURE_OFF, ROLE_FEATURE_ON, EngineRef, PhasePlan, ScenarioContext, engine_name,
+    ROLE_FEATURE_OFF, ROLE_FEATURE_ON, EngineRef, PhasePlan, ScenarioContext, beam_search_probes, engine_name,
+    phase_salt,
 )
 from ratebench.scenarios.trace import trace_estimate, trace_streams, trace_phase_users
 from ratebench.trace import TraceRequest
@@ -90,9 +91,13 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
                 return await score_parted_answers(engine.endpoint, engine.model, on, off,
                                                   {q.stream_index: q for q in reqs}, engine.name)
 
-            await ctx.phase(engine, phase, reqs, mix_phase_users(p, requests), role=role,
-                                 params={"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True},
-                                 extra=score if role == "baseline" else None)
+            params: dict[str, Any] = {"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True}
+            if not engine.feature:
+                # promise 7 at the API: with the limiter off beam search is served (a probe on each API,
+                # done before the phase starts)
+                params["beam_search"] = await beam_search_probes(ctx, engine, None, phase_salt(ctx, engine, phase))
+            await ctx.phase(engine, phase, reqs, mix_phase_users(p, requests), role=role, params=params,
+                            extra=score if role == "baseline" else None)
         return run
 
     plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, m), phase_of("mix", "measure"),

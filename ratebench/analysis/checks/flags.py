@@ -1,6 +1,8 @@
 """The refusals: malformed limiter flags are refused at start-up with a message that names the flag
 (check flags-refused, from flags.json); with the limiter on, beam search requests are refused at the API
-with HTTP 400 (check beam-search-refused, from the anonymous-and-spoofing phases' probes)."""
+with HTTP 400 (check beam-search-refused, from the anonymous-and-spoofing phases' probes); with it off
+they are served as upstream serves them (check beam-search-off-served, promise 7: the mix's phase on the
+limiter-off engine probes it)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ MEANINGS = meanings({
                                         "user's tokens, and what the client is charged for is not its answer",
                                         "scenarios.json, the phase's params.beam_search: each probe's HTTP status "
                                         "and answer; engines/{engine}/engine.log"),
+    "beam-search-off-served": CheckMeaning("7", "with the limiter off, a beam search request was not served "
+                                           "(HTTP 200 with its choices) as upstream serves it: the patch's "
+                                           "refusal reached an engine whose limiter is off",
+                                           "scenarios.json, the phase's params.beam_search: each probe's HTTP "
+                                           "status and answer; engines/{engine}/engine.log"),
 })
 
 
@@ -40,8 +47,19 @@ def beam_search_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Che
     beam search."""
     out = []
     for p in run.phases:
+        engine = run.engines.get(p.engine)
         for probe in p.params.get("beam_search") or []:
             status, message = probe.get("status"), str(probe.get("message") or "")
+            if engine is not None and not engine.feature:
+                ok = status == 200 and '"choices"' in message
+                out.append(Check(
+                    "beam-search-off-served", p.scenario, p.phase, p.engine, None, status, 200, "==",
+                    "HTTP status", ok,
+                    f"a beam search request on the {probe.get('api')} API ({probe.get('sent')}) to the limiter-off "
+                    f"engine: HTTP {status}" + (", served with its choices" if ok else
+                                                "; with the limiter off it must be served as upstream serves it "
+                                                f"(HTTP 200 with its choices): {message[:200]!r}")))
+                continue
             ok = status == 400 and "beam search" in message.lower()
             out.append(Check(
                 "beam-search-refused", p.scenario, p.phase, p.engine, None, status, 400, "==", "HTTP status", ok,
