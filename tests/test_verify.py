@@ -199,6 +199,9 @@ def test_warm_up_requests_of_the_driver_raise_no_unmatched_request_warning(tmp_p
     assert is_warmup_request("chatcmpl-warmup-patched-sync-1-1a2b3c4d", "patched-sync")
     assert not is_warmup_request("cmpl-warmup-patched-sync-0-0-1a2b3c4d", "patched")
     assert not is_warmup_request("cmpl-rb-5e1f0001-1-0-1a2b3c4d", "patched-sync")
+    # a beam search probe's beams (served with the limiter off): each an engine request of its own
+    assert is_warmup_request("cmpl-probe-feature-off-sync-3-b654603a921926bf-beam-1-b62fdd20", "feature-off-sync")
+    assert not is_warmup_request("cmpl-probe-feature-off-sync-3-b654603a921926bf-beam-1-b62fdd20", "feature-off")
     warm = [SimRequest(f"warmup-patched-sync-{n}", None, 0, 8) for n in range(2)]
     run = one_phase_run(tmp_path / "run", requests=[SimRequest(f"rb-5e1f0001-{i}", "user-a", i, 60) for i in range(2)]
                         + warm)

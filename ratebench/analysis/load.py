@@ -32,9 +32,12 @@ from ratebench.analysis.segments import Groups, group_by, time_order
 
 def is_warmup_request(engine_request_id: str, engine: str) -> bool:
     """A warm-up request the driver sends each engine once it is ready (``ratebench.engine.warm_up``:
-    ``X-Request-Id: warmup-<engine>-<n>``, inside the engine's request id). It belongs to no phase
-    and has no client record; its events still count in the whole-file bound."""
-    return re.search(rf"(?<![0-9A-Za-z])warmup-{re.escape(engine)}-[0-9]+(?![0-9])", engine_request_id) is not None
+    ``X-Request-Id: warmup-<engine>-<n>``, inside the engine's request id), or a probe a scenario sends
+    before its phase (a beam search probe, ``X-Request-Id: probe-<engine>-<n>``: its beams are engine
+    requests of their own). It belongs to no phase and has no client record; its events still count in
+    the whole-file bound."""
+    return re.search(rf"(?<![0-9A-Za-z])(warmup|probe)-{re.escape(engine)}-[0-9]+(?![0-9])",
+                     engine_request_id) is not None
 
 
 class RunFolderError(Exception):

@@ -251,7 +251,11 @@ async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str 
     out = []
     for api, body in bodies.items():
         path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
-        status, message = await ctx.driver.post_json(engine.endpoint + path, body)
+        # served (limiter off), each beam is an engine request of its own: the id says it is a probe
+        # (ratebench.analysis.load.is_warmup_request), which no client record names
+        ctx.driver.probes_sent += 1
+        headers = {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"}
+        status, message = await ctx.driver.post_json(engine.endpoint + path, body, headers)
         out.append({"api": api, "sent": "use_beam_search, n 2", "status": status, "message": message})
     return out
 

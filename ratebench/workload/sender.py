@@ -48,6 +48,7 @@ class StreamSender:
         self.last_loop_lag: dict[str, Any] | None = None
         self.last_connections = 0  # connections the last phase opened (its pool; 0 through httpx)
         self.last_probe: LoopLagProbe | None = None
+        self.probes_sent = 0  # plain probes a scenario sent (X-Request-Id probe-<engine>-<n>)
 
     def next_client_id(self) -> str:
         return f"rb-{self.run_id}-{next(self._counter)}"
@@ -103,11 +104,12 @@ class StreamSender:
             out.append(rec)
         return out
 
-    async def post_json(self, url: str, body: dict[str, Any]) -> tuple[int, str]:
+    async def post_json(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+                        ) -> tuple[int, str]:
         """One plain (not streamed) POST: its HTTP status and the start of its body (a probe's answer)."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), transport=self.transport,
                                      verify=ssl_context()) as client:
-            r = await client.post(url, json=body)
+            r = await client.post(url, json=body, headers=headers)
         return r.status_code, r.text[:500]
 
     def open_client(self, ctx: PhaseContext, streams: int) -> "httpx.AsyncClient | StreamPool":
