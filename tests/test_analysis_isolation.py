@@ -13,15 +13,15 @@ from ratebench.verify import analyse_run
 from synthetic_runs import edit_client_records
 
 
-def isolation_run(tmp_path, shared_step_ns=None):
+def isolation_run(tmp_path, shared_step_ns=None, tokens=80):
     eng = SimEngine("patched-sync", default_tps=20, user_tps={"fast": 5000})
     fast = {"limit_tps": 5000, "streams": 2, "backlogged": False}
     phases = [
         SimPhase("isolation", "isolation", "baseline", "patched-sync", "baseline", {"fast": fast},
-                 [SimRequest(f"rb-1-{i}", "fast", i, 80) for i in range(2)]),
+                 [SimRequest(f"rb-1-{i}", "fast", i, tokens) for i in range(2)]),
         SimPhase("isolation", "isolation", "shared", "patched-sync", "shared",
                  {"fast": fast, "slow": {"limit_tps": 20, "streams": 2, "backlogged": True}},
-                 [SimRequest(f"rb-1-{i + 2}", "fast", i, 80) for i in range(2)]
+                 [SimRequest(f"rb-1-{i + 2}", "fast", i, tokens) for i in range(2)]
                  + [SimRequest(f"rb-1-{i + 4}", "slow", i, 10) for i in range(2)], step_ns=shared_step_ns),
     ]
     return write_run_folder(tmp_path, [eng], phases)
@@ -45,6 +45,17 @@ def test_neighbour_that_slows_everyone_fails_isolation(tmp_path):
     checks = isolation_checks(isolation_run(tmp_path, shared_step_ns=10_000_000))
     assert checks["isolation-rate"].passed is False
     assert checks["isolation-rate"].figure < 0.6
+
+
+def test_the_rates_span_gets_the_end_to_end_slack(tmp_path):
+    # steps of 7 ms where the baseline had 5: 8-token answers end 16 ms later (a rate of 0.71 x the
+    # baseline's, each answer's end-to-end latency well within 1.5 x + 50 ms): within the span allowed
+    short = isolation_checks(isolation_run(tmp_path / "short", shared_step_ns=7_000_000, tokens=8))["isolation-rate"]
+    assert short.passed and short.figure < 0.75 and short.threshold < short.figure, short.explanation
+    assert "+ 50 ms" in short.explanation
+    # the same slowdown over 80-token answers (400 ms) is 160 ms late: still a failure, the threshold near 0.9
+    long = isolation_checks(isolation_run(tmp_path / "long", shared_step_ns=7_000_000))["isolation-rate"]
+    assert long.passed is False and long.figure < 0.75 and long.threshold > 0.8, long.explanation
 
 
 def test_unthrottled_users_first_token_is_checked_against_its_baseline(tmp_path):
