@@ -104,13 +104,14 @@ def make_request(
     prompt_token: int | None = None,
     block_size: int = 16,
     arrival_time: float | None = None,
+    seed: int | None = None,
 ) -> Request:
     global _none_hash_ready
     if not _none_hash_ready:
         init_none_hash(sha256)
         _none_hash_ready = True
     extra_args = {"output_rate_user": user} if user is not None else None
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra_args, seed=seed)
     token = prompt_token if prompt_token is not None else 100 + zlib.crc32(request_id.encode()) % 500
     return Request(
         request_id=request_id,

@@ -741,6 +741,47 @@ def test_an_api_server_that_refuses_beam_search_with_the_limiter_off_fails_beam_
     assert {c.name for c in verdict.failures} == {"beam-search-off-served"}, verdict.summary()
 
 
+# a refused request's prompt runs up to the token that samples whatever its sampling (the patch before it kept
+# a seeded request's prompt whole on CPU): the model runner then rewinds the seeded request's generator, which
+# the CPU build cannot do ("CPU Generator does not use offset"), and the engine dies
+SEEDED_PARTIAL_PREFILL = '''
+cls = module.Scheduler
+shipped_init = cls.__init__
+
+def init_with_partial_seeded_prefills(self, *args, **kwargs):
+    shipped_init(self, *args, **kwargs)
+    self._output_rate_seeded_prefill_whole = False
+    print("ratebench test mutant: seeded prompts run partly while refused", file=sys.stderr, flush=True)
+
+cls.__init__ = init_with_partial_seeded_prefills
+'''
+
+_EOS = """
+[[scenarios]]
+kind = "eos"
+user = "user-b"
+requests = 8
+concurrency = 4
+max_tokens = 64
+eos_logit_bias = 0
+api = "chat"
+"""
+
+
+def test_an_engine_that_runs_a_refused_seeded_prompt_partly_fails_on_cpu(tmp_path, tiny_model):
+    """Promise 3 (never answered with an error): the eos scenario's answers are sampled with seeds of their
+    own; a throttled user's new request is refused at its last prompt token. Run partly, its seeded
+    generator must be rewound, which kills the CPU engine: every answer after it is an error."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": SEEDED_PARTIAL_PREFILL}, _EOS)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "seeded prompts run partly" in logs, "the scheduler was not changed"
+    assert "does not use offset" in logs, "no seeded partial prefill reached the model runner"
+    print(verdict.summary())
+    assert ("reconciliation", "user-b") in _failed(verdict), verdict.summary()
+    (rec,) = [c for c in verdict.failures if c.name == "reconciliation"]
+    assert "answered with an error" in rec.explanation, rec.explanation
+
+
 # the patched scheduler costs 4 ms a step whether the limiter is on or off (say, bookkeeping run before
 # it asks whether the feature is on); stock vLLM, served from the pristine sources, is left alone
 SLOW_EVEN_WHEN_OFF = '''

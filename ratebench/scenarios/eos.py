@@ -1,4 +1,5 @@
-"""The ``eos`` scenario kind. Short answers that end with a real EOS (no ignore_eos)."""
+"""The ``eos`` scenario kind. Short answers that end with a real EOS (no ignore_eos), sampled, each with
+a seed of its own (``seeded``)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ PARAMS: dict[str, tuple[str, Any]] = {
     # Tiny random-weight models never choose EOS: a logit bias on the EOS token,
     # released by min_tokens, makes it come at a chosen length. 0: natural EOS.
     "eos_logit_bias": ("num", 0),
+    # Each answer sampled with a seed of its own (SamplingParams.seed): the model runner keeps a
+    # generator per seeded request and rewinds it after a partial prefill, which a throttled request's
+    # prompt may get (it runs up to the token that samples while its user is out of budget).
+    "seeded": ("bool", True),
     "question": ("str", "Answer with one word: what colour is the sky on a clear day?"),
 }
 
@@ -47,11 +52,14 @@ def eos(spec: ScenarioSpec) -> list[PhasePlan]:
                 # min_tokens holds EOS back until the chosen length; the bias then makes it come.
                 extra = {"min_tokens": rng.randint(*p["answer_tokens"]) - 1,
                          "logit_bias": {str(eos_id): float(p["eos_logit_bias"])}}
+            if p["seeded"]:
+                extra["seed"] = rng.randrange(2**31)
             prompt = f"[{ctx.driver.run_id} {i}] {p['question']}"
             reqs.append(StreamRequest(user=p["user"], prompt=prompt, max_tokens=p["max_tokens"], api=p["api"],
                                       ignore_eos=False, stream_index=i, extra_body=extra))
         await ctx.phase(engine, "eos", reqs, {p["user"]: {"streams": p["concurrency"], "backlogged": False}},
-                        concurrency=p["concurrency"], params={"ignore_eos": False, **extra_params})
+                        concurrency=p["concurrency"],
+                        params={"ignore_eos": False, "seeded": p["seeded"], **extra_params})
 
     def estimate(limits: Limits | None) -> PhaseEstimate:
         # Answers end at EOS: with the logit bias at their chosen length, else anywhere from one token.

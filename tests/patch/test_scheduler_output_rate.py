@@ -127,6 +127,46 @@ def test_refused_chunked_prefill_stops_one_position_short():
     assert r.num_output_tokens == 1
 
 
+@SYNC_AND_ASYNC
+def test_a_refused_seeded_prompt_waits_whole_on_cpu(async_scheduling):
+    """The model runner rewinds a seeded request's generator after a partial prefill; the CPU build's
+    generators cannot (vLLM 0.32.0 fails the engine: "CPU Generator does not use offset"). So on CPU a
+    refused seeded request's prompt is not run up to the token that samples: it runs whole when its
+    user is charged. An unseeded one beside it still runs ahead."""
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1, max_num_batched_tokens=64, clock=clock, async_scheduling=async_scheduling)
+    assert s.vllm_config.device_config.device_type == "cpu" and s._output_rate_seeded_prefill_whole
+    assert s.output_rate_limiter.try_take("a", clock())  # spend the whole burst
+    e = Engine(s, clock, step_s=0.01)
+    seeded = make_request("seeded", user="a", prompt_len=40, max_tokens=4, seed=7)
+    plain = make_request("plain", user="a", prompt_len=40, max_tokens=4)
+    e.add(seeded, plain)
+    outs = [e.step().num_scheduled_tokens for _ in range(3)]
+    assert [o.get("seeded", 0) for o in outs] == [0, 0, 0], outs
+    assert [o.get("plain", 0) for o in outs] == [39, 0, 0], outs
+    assert seeded.num_computed_tokens == 0 and plain.num_computed_tokens == 39
+    clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
+    for _ in range(2 if async_scheduling else 1):
+        e.step()
+    assert seeded.num_output_tokens + plain.num_output_tokens == 1
+    first = None
+    for _ in range(10):
+        clock.now_ns = s.output_rate_limiter.ready_at_ns("a")
+        out = e.step()
+        if first is None and "seeded" in out.num_scheduled_tokens:
+            first = out.num_scheduled_tokens["seeded"]
+    assert first == 40  # its whole prompt, in the step that samples
+    assert seeded.num_output_tokens >= 1
+    # and off the CPU build the seeded prompt runs ahead like any other
+    s2 = create_scheduler(default_tps=1, max_num_batched_tokens=64, clock=clock)
+    s2._output_rate_seeded_prefill_whole = False
+    assert s2.output_rate_limiter.try_take("a", clock())
+    e2 = Engine(s2, clock, step_s=0.01)
+    again = make_request("seeded2", user="a", prompt_len=40, max_tokens=4, seed=7)
+    e2.add(again)
+    assert e2.step().num_scheduled_tokens.get("seeded2") == 39
+
+
 def test_refused_prefill_without_chunking_waits_whole():
     clock = FakeClock()
     s = create_scheduler(
