@@ -303,3 +303,29 @@ def test_every_threshold_is_an_option_of_verify_bound_with_its_default():
     result = CliRunner().invoke(app, ["verify-bound", "--help"], env={"COLUMNS": "200"})
     for t in TABLE:
         assert t.option in result.output, t.option
+
+
+def _beam_checks(run_dir, status: int, message: str, *, limiter_on: bool):
+    from synthetic_runs import edit_scenarios
+
+    probe = {"api": "completions", "sent": "use_beam_search, n 2", "status": status, "message": message}
+    edit_scenarios(run_dir, lambda phases: phases[0]["params"].update(beam_search=[probe]))
+    if not limiter_on:
+        edit_manifest(run_dir, lambda m: m["engines"]["patched-sync"].update(feature=False))
+    return [c for c in analyse_run(run_dir).verdict.checks if c.name.startswith("beam-search")]
+
+
+def test_beam_search_probes_are_judged_by_the_engines_limiter(tmp_path):
+    refused = '{"error":{"message":"Beam search is not supported while per-user output rate limiting is enabled."}}'
+    served = '{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" blue"}]}'
+    # limiter on: refused with HTTP 400 naming beam search, nothing else
+    (c,) = _beam_checks(one_phase_run(tmp_path / "on-400"), 400, refused, limiter_on=True)
+    assert (c.name, c.passed) == ("beam-search-refused", True), c.explanation
+    (c,) = _beam_checks(one_phase_run(tmp_path / "on-200"), 200, served, limiter_on=True)
+    assert (c.name, c.passed) == ("beam-search-refused", False), c.explanation
+    # limiter off (promise 7): served as upstream serves it, with its choices
+    (c,) = _beam_checks(one_phase_run(tmp_path / "off-200"), 200, served, limiter_on=False)
+    assert (c.name, c.passed) == ("beam-search-off-served", True), c.explanation
+    (c,) = _beam_checks(one_phase_run(tmp_path / "off-400"), 400, refused, limiter_on=False)
+    assert (c.name, c.passed, c.figure) == ("beam-search-off-served", False, 400), c.explanation
+    assert "limiter off" in c.explanation
