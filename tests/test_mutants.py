@@ -726,8 +726,8 @@ def test_under_the_priority_policy_places_in_list_order_fail_place_share(judged,
 @SYNC_AND_ASYNC
 def test_under_the_priority_policy_places_that_ignore_priorities_fail_place_share(judged, async_scheduling):
     """cap-high's two streams at priority -1 arrive beside six users at 0 on 2 places: higher priorities
-    first gives cap-high both places; places in turn whatever the priority give it one step in seven
-    (cap-equal, all at one priority, passes either way)."""
+    first gives cap-high both places; places in turn whatever the priority give it two of seven users'
+    turns, one stream's worth at most (cap-equal, all at one priority, passes either way)."""
     _, verdict = judged("active_places_high_first", PlacesIgnorePriority, async_scheduling=async_scheduling)
     assert_rejected_by(verdict, {("place-share", "cap-high", "cap-high")}, only={"place-share", "place-share-jain"})
     assert check(verdict, "place-share", "cap-high", "cap-high").figure < 0.4, verdict.summary()
