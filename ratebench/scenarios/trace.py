@@ -69,7 +69,9 @@ async def trace_streams(ctx: ScenarioContext, engine: EngineRef, requests: list[
                              # answer on every engine (answers-intact holds it against the limiter-off
                              # one); those that end with EOS sample (the tiny model's greedy answers end
                              # after 2 to 4 tokens). Not a per-request seed: the CPU build's engine dies
-                             # on a seeded request's partial prefill ("CPU Generator does not use offset").
+                             # on a seeded request's partial prefill ("CPU Generator does not use offset"),
+                             # which upstream's own chunking makes when a step's token budget runs out (the
+                             # patch keeps a throttled seeded prompt whole; the eos scenario sends seeds).
                              extra_body={} if r.eos else {"temperature": 0.0})
 
     return list(await asyncio.gather(*(one(i, r) for i, r in enumerate(requests))))
