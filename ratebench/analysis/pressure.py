@@ -361,11 +361,11 @@ def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
     trace = run.traces.get(phase.engine)
     places = trace.events.meta.get("max_num_active_seqs") if trace is not None else None
     levels = {u: priority[u] for u in users}
-    if len(set(levels.values())) > 1 and places and trace.runs_priority_policy:
-        # higher priorities first (PRIORITY policy), each user at its highest priority
+    by_priority = len(set(levels.values())) > 1 and bool(places) and trace.runs_priority_policy
+    if by_priority:  # higher priorities first (PRIORITY policy), each user at its highest priority
         fair = fair_shares_by_priority(sum(rates.values()), limits, levels, streams, int(places))
-        ratios = {u: (rates[u] / fair[u]) if fair[u] > 0 else 1.0 for u in users}
-        return PlaceShares(int(start), int(end), rates, fair, ratios, priorities=levels, places=int(places))
-    fair = fair_shares(sum(rates.values()), limits)
+    else:
+        fair = fair_shares(sum(rates.values()), limits)
     ratios = {u: (rates[u] / fair[u]) if fair[u] > 0 else 1.0 for u in users}
-    return PlaceShares(int(start), int(end), rates, fair, ratios)
+    return PlaceShares(int(start), int(end), rates, fair, ratios, priorities=levels if by_priority else {},
+                       places=int(places) if by_priority else None)

@@ -43,8 +43,9 @@ def flags_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
 
 @per_run(31)
 def beam_search_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
-    """Each beam search probe a limiter-on phase sent (params.beam_search) was answered HTTP 400, naming
-    beam search."""
+    """Each beam search probe a phase sent (params.beam_search): on a limiter-on engine answered HTTP 400
+    naming beam search (beam-search-refused); on a limiter-off one served, HTTP 200 with its choices
+    (beam-search-off-served, promise 7)."""
     out = []
     for p in run.phases:
         engine = run.engines.get(p.engine)
