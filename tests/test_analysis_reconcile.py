@@ -121,6 +121,23 @@ def test_a_cancel_that_raced_the_last_chunk_of_a_complete_answer_passes():
     assert check(rec, engine(finish_ns=72465087695165 + 405978)).ok
 
 
+def test_a_cancel_that_raced_the_eos_of_an_answer_passes():
+    """A mix answer that may end at its EOS, closed by the client after its 2nd token: the step under
+    way sampled the EOS (emitted before the cancel, never streamed), its 'stop' finish stamped later
+    in the same step, after the cancel."""
+    rec = record(cancelled=True, cancel_ns=100, completion_tokens=None, finish_reason=None, ignore_eos=False,
+                 max_tokens=10, chunk_ns=[1, 2], chunk_tokens=[1, 1])
+    assert check(rec, engine(finish_reason="stop", finish_ns=100 + 400_000)).ok
+    # an answer under ignore_eos cannot end at an EOS: a 'stop' after the cancel is not the abort
+    assert not check(record(cancelled=True, cancel_ns=100, completion_tokens=None, finish_reason=None, max_tokens=10,
+                            chunk_ns=[1, 2], chunk_tokens=[1, 1]), engine(finish_reason="stop", finish_ns=100 + 400_000)).ok
+    # every token the engine emitted was streamed: the cancel ended it, so it must be the abort
+    c = check(rec, engine(emitted=2, dispatched=2, finish_count=2, finish_reason="stop", finish_ns=100 + 400_000))
+    assert not c.ok and "not 'abort'" in c.problem
+    # long after the cancel: not a race
+    assert not check(rec, engine(finish_reason="stop", finish_ns=100 + 10**9)).ok
+
+
 def test_events_after_the_finish_event_fail():
     assert not check(record(), engine(events_after_finish=1)).ok
 

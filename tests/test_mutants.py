@@ -27,6 +27,7 @@ from mutants.broken import (
     HalfRate,
     HeadPlaceWithoutSlot,
     HeadSlotFromAnyThrottled,
+    NoClampToNow,
     StreamsKeepTheirPlaces,
     NeverThrottle,
     NoRefund,
@@ -425,6 +426,16 @@ def test_a_clean_up_that_forgets_backlogged_users_breaks_the_bound(judged):
     assert {name for name, _, _ in failures(verdict)} <= BOUND | {"bound-client", "even-spacing-dispatch",
                                                                  "even-spacing-emit"}, verdict.summary()
     assert_correct_passes(judged, "default_user_streams", False)
+
+
+@SYNC_AND_ASYNC
+def test_a_gcra_that_lets_credit_pile_up_while_a_user_pauses_breaks_the_bound(judged, async_scheduling):
+    # without max(TAT, now) a user whose requests pause (kv_pressure's user-a: one-token requests,
+    # refused and refunded while the hog holds the KV) banks the pause and spends it at once
+    _, verdict = judged("kv_pressure", NoClampToNow, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {(name, "kv-pressure", "user-a") for name in ("bound-dispatch", "bound-emit")},
+                       only=BOUND | {"bound-client", "delivery", "refusal-witness"})
+    assert_correct_passes(judged, "kv_pressure", async_scheduling)
 
 
 @SYNC_AND_ASYNC

@@ -6,7 +6,9 @@ its emit counts) = the count on its finish event; under ``ignore_eos`` also
 finish_reason "length" and ``= max_tokens``. Exact, no tolerance.
 
 Cancelled request: the engine's finish event says abort (or the request had
-already finished before the cancel), nothing happens for it after its finish
+already finished before the cancel, or ended by itself in the step the cancel
+raced: every token it may have emitted, or its EOS emitted and never streamed;
+or in the steps under way when the abort arrived), nothing happens for it after its finish
 event, and at most ``cancel_max_steps`` emit events of it come after the
 client's ``cancel_ns`` (each emit event is one engine step of that request).
 The tokens the engine charged it are its dispatch events.
@@ -198,9 +200,13 @@ def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engin
         # every token it asked for emitted before the cancel, its finish recorded just after (the emits of a step
         # are stamped at the start of update_from_output, its finishes later in the same call): it had ended
         # by itself, the cancel raced its last chunk
-        complete_before = (eng.finish_reason == "length" and eng.emitted == rec.max_tokens
-                           and eng.emit_events_after_cancel == 0 and eng.finish_ns is not None
-                           and cancel_ns is not None and eng.finish_ns - cancel_ns <= CANCEL_RACE_NS)
+        # (its EOS the same: emitted before the cancel, never streamed to the client, which closed first;
+        # an abort finishes after the last token the client read, not after one it never got)
+        raced = (eng.emit_events_after_cancel == 0 and eng.finish_ns is not None and cancel_ns is not None
+                 and eng.finish_ns - cancel_ns <= CANCEL_RACE_NS)
+        complete_before = raced and (
+            (eng.finish_reason == "length" and eng.emitted == rec.max_tokens)
+            or (eng.finish_reason == "stop" and not rec.ignore_eos and eng.emitted > streamed))
         if eng.finish_reason != "abort" and not finished_before and not complete_before:
             out.finished_after_cancel_as = eng.finish_reason
         if eng.finish_count is not None and eng.finish_count != eng.emitted:

@@ -41,6 +41,29 @@ class CleanupForgetsDebt(Mutant):
         limiter.cleanup_idle_users = cleanup_idle_users
 
 
+class NoClampToNow(Mutant):
+    """GCRA without ``max(TAT, now)``: a TAT left in the past stays there, so a user that pauses banks
+    credit (until the idle clean-up drops it, at most a second later) and spends it in one burst."""
+
+    name = "no-clamp-to-now"
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+
+        def try_take(user: str, now_ns: int) -> bool:
+            rate = limiter.user_tokens_per_second.get(user, limiter.default_tokens_per_second)
+            tat = limiter._tat_scaled.get(user)
+            if tat is None:
+                limiter._tat_scaled[user] = now_ns * rate + NS_PER_S
+                return True
+            if tat > (now_ns + limiter.burst_ns) * rate:
+                return False
+            limiter._tat_scaled[user] = tat + NS_PER_S
+            return True
+
+        limiter.try_take = try_take
+
+
 class BudgetPerRequest(Mutant):
     """One budget per request: every request is charged to a user named after itself."""
 
