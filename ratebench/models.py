@@ -99,3 +99,45 @@ def model_choice(profile: Profile, override: str | None = None) -> ModelChoice:
     return ModelChoice(path, source, None, False,
                        f"a Hugging Face id, not in the local cache ({hf_hub_cache()}); engines run with "
                        f"HF_HUB_OFFLINE=1: download it first or pass --model FOLDER")
+
+
+def stop_token_ids(folder: Path) -> list[int] | None:
+    """The token ids at which the model's answers end by themselves (an answer not under ``ignore_eos``
+    that vLLM finishes with "stop" ends with one of them): the tokenizer's EOS token and
+    ``generation_config.json``'s ``eos_token_id`` (an id or a list), as vLLM's ``SamplingParams`` takes
+    them. None when the folder says neither (the answers-end rule of reconciliation is then not applied)."""
+    ids: set[int] = set()
+
+    def read(name: str) -> dict:
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+    def add(value: object) -> None:
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                ids.add(v)
+
+    add(read("generation_config.json").get("eos_token_id"))
+    tok = read("tokenizer_config.json")
+    eos = tok.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if isinstance(eos, str):
+        for key, entry in (tok.get("added_tokens_decoder") or {}).items():
+            if isinstance(entry, dict) and entry.get("content") == eos and str(key).isdigit():
+                ids.add(int(key))
+    return sorted(ids) or None
+
+
+def model_max_len(folder: Path, profile: Profile) -> int | None:
+    """The longest prompt plus answer the engines serve: the profile's ``max_model_len``, else the
+    model's ``max_position_embeddings`` (vLLM's default); None when neither is known."""
+    if profile.model.max_model_len is not None:
+        return profile.model.max_model_len
+    try:
+        value = json.loads((folder / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None

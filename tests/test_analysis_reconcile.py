@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ratebench.analysis import EngineRequestView, reconcile_request
-from ratebench.analysis.reconcile import cancel_problem
+from ratebench.analysis.reconcile import AnswerEnds, cancel_problem
 from ratebench.events import ClientRecord
 
 
@@ -21,9 +21,9 @@ def engine(**kw) -> EngineRequestView:
     return EngineRequestView(**base)
 
 
-def check(rec, eng, max_steps: int = 1):
+def check(rec, eng, max_steps: int = 1, ends: AnswerEnds = AnswerEnds()):
     """The request's figures, and for a cancelled one the judgement analysis/checks/resume.py makes of them."""
-    c = reconcile_request(rec, eng, engine_has_events=eng is not None)
+    c = reconcile_request(rec, eng, engine_has_events=eng is not None, ends=ends)
     if c is not None and rec.cancelled:
         c.problem = cancel_problem(c, max_steps)
         c.ok = c.problem is None
@@ -95,6 +95,34 @@ def test_cancelled_stream_that_engine_aborted_within_one_step_passes():
     c = check(rec, engine(emitted=3, dispatched=4, finish_count=3, finish_reason="abort", finish_ns=5,
                           emit_events_after_cancel=1, tokens_after_cancel=1))
     assert c.ok and c.charged_tokens == 4 and c.abort_latency_ns == 3
+
+
+ENDS = AnswerEnds(frozenset({2, 7}), max_model_len=100)
+
+
+def test_an_answer_ended_by_the_model_passes():
+    rec = record(ignore_eos=False, max_tokens=10, finish_reason="stop", token_ids=[5, 9, 2], prompt_tokens=8)
+    assert check(rec, engine(finish_reason="stop"), ends=ENDS).ok
+    assert check(record(prompt_tokens=8, token_ids=[5, 9, 4]), engine(), ends=ENDS).ok  # max_tokens
+
+
+def test_a_stop_not_at_a_stop_token_is_an_answer_cut_short():
+    rec = record(ignore_eos=False, max_tokens=10, finish_reason="stop", token_ids=[5, 9, 4], prompt_tokens=8)
+    c = check(rec, engine(finish_reason="stop"), ends=ENDS)
+    assert not c.ok and "last token (id 4) is not one of the model's stop tokens (ids 2, 7)" in c.problem
+    # the run did not know the model's stop tokens, or the server sent no token ids: not judged
+    assert check(rec, engine(finish_reason="stop"), ends=AnswerEnds(None, 100)).ok
+    assert check(record(ignore_eos=False, max_tokens=10, finish_reason="stop", prompt_tokens=8),
+                 engine(finish_reason="stop"), ends=ENDS).ok
+
+
+def test_a_length_short_of_max_tokens_is_an_answer_cut_short_unless_it_reached_max_model_len():
+    rec = record(ignore_eos=False, max_tokens=10, finish_reason="length", token_ids=[5, 9, 4], prompt_tokens=8)
+    c = check(rec, engine(), ends=ENDS)
+    assert not c.ok and "finish_reason 'length' after 3 of max_tokens 10 tokens (prompt 8, max_model_len 100)" \
+        in c.problem
+    assert check(record(ignore_eos=False, max_tokens=10, finish_reason="length", token_ids=[5, 9, 4],
+                        prompt_tokens=97), engine(), ends=ENDS).ok  # 97 + 3 = max_model_len
 
 
 def test_cancelled_stream_that_kept_generating_fails():

@@ -782,6 +782,44 @@ def test_an_engine_that_runs_a_refused_seeded_prompt_partly_fails_on_cpu(tmp_pat
     assert "answered with an error" in rec.explanation, rec.explanation
 
 
+# the scheduler ends an answer that may end at its EOS early, calling it "stop", once its user is out of
+# budget (say, a throttled request the patch gave up on): its tokens, usage and engine events all agree
+CUT_THROTTLED_AS_STOP = '''
+from vllm.v1.request import RequestStatus
+
+cls = module.Scheduler
+shipped_update = cls._update_request_with_output
+
+def update_cutting_throttled(self, request, new_token_ids, *args, **kwargs):
+    new_token_ids, stopped = shipped_update(self, request, new_token_ids, *args, **kwargs)
+    limiter = self.output_rate_limiter
+    params = request.sampling_params
+    if (not stopped and limiter is not None and params is not None and not params.ignore_eos
+            and request.num_output_tokens >= 4
+            and limiter.ready_at_ns(request.output_rate_user) > limiter.clock_ns()):
+        request.status = RequestStatus.FINISHED_STOPPED
+        stopped = True
+        print("ratebench test mutant: a throttled answer cut as stop", file=sys.stderr, flush=True)
+    return new_token_ids, stopped
+
+cls._update_request_with_output = update_cutting_throttled
+'''
+
+
+def test_an_engine_that_cuts_throttled_answers_short_as_stop_fails_reconciliation(tmp_path, tiny_model):
+    """Promise 3 (never truncated): an answer that may end at its EOS, ended early by the scheduler while its
+    user is out of budget and called "stop". Its usage, its streamed tokens and the engine's events agree,
+    and its finish reason is one an answer may end with: only its last token, not one of the model's stop
+    tokens, shows it was cut."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": CUT_THROTTLED_AS_STOP}, _EOS)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a throttled answer cut as stop" in logs, "no answer was cut"
+    assert ("reconciliation", "user-b") in _failed(verdict), verdict.summary()
+    (rec,) = [c for c in verdict.failures if c.name == "reconciliation"]
+    assert "is not one of the model's stop tokens (ids 2)" in rec.explanation, rec.explanation
+    assert {c.name for c in verdict.failures} == {"reconciliation"}, verdict.summary()
+
+
 # the patched scheduler costs 4 ms a step whether the limiter is on or off (say, bookkeeping run before
 # it asks whether the feature is on); stock vLLM, served from the pristine sources, is left alone
 SLOW_EVEN_WHEN_OFF = '''

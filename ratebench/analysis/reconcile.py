@@ -3,7 +3,9 @@
 Finished request (not cancelled, no error): ``usage.completion_tokens`` =
 tokens streamed (sum of ``chunk_tokens``) = tokens the engine emitted (sum of
 its emit counts) = the count on its finish event; under ``ignore_eos`` also
-finish_reason "length" and ``= max_tokens``. Exact, no tolerance.
+finish_reason "length" and ``= max_tokens``. Exact, no tolerance. And it was
+not cut short: a "stop" ends at one of the model's stop tokens, a "length" at
+``max_tokens`` or ``max_model_len`` (:func:`cut_short`).
 
 Cancelled request: the engine's finish event says abort (or the request had
 already finished before the cancel, or ended by itself in the step the cancel
@@ -161,9 +163,46 @@ COMPLETE_FINISH_REASONS = ("stop", "length")
 CANCEL_RACE_NS = 20_000_000
 
 
-def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engine_has_events: bool) -> RequestCheck | None:
+@dataclass(frozen=True)
+class AnswerEnds:
+    """Where the served model's answers may end (the run's manifest: ``model_stop_token_ids``,
+    ``max_model_len``; None where the run did not know, and the rule that needs it is not applied)."""
+
+    stop_token_ids: frozenset[int] | None = None
+    max_model_len: int | None = None
+
+    @classmethod
+    def of_manifest(cls, manifest: dict) -> AnswerEnds:
+        ids, length = manifest.get("model_stop_token_ids"), manifest.get("max_model_len")
+        return cls(frozenset(int(i) for i in ids) if isinstance(ids, list) and ids else None,
+                   int(length) if isinstance(length, int) and length > 0 else None)
+
+
+def cut_short(rec: ClientRecord, ends: AnswerEnds) -> str | None:
+    """Why a complete-looking answer (finish "stop" or "length", its usage and tokens in order) was cut
+    short, or None. A "stop" is the model's: the last token it streamed is one of the model's stop tokens
+    (the driver sends no stop strings or stop token ids of its own). A "length" is ``max_tokens``, or the
+    prompt and answer reaching ``max_model_len``. A limiter that ends a throttled answer early, calling it
+    either, passes every count and every bound; this is where it shows (promise 3, never truncated)."""
+    n = rec.completion_tokens
+    if rec.finish_reason == "stop" and ends.stop_token_ids is not None and rec.token_ids is not None:
+        last = rec.token_ids[-1] if rec.token_ids else None
+        if last not in ends.stop_token_ids:
+            return (f"finish_reason 'stop' after {n} tokens, but its last token (id {last}) is not one of the "
+                    f"model's stop tokens (ids {', '.join(map(str, sorted(ends.stop_token_ids)))}): cut short, "
+                    "not ended by the model")
+    if rec.finish_reason == "length" and n is not None and n < rec.max_tokens and ends.max_model_len is not None:
+        if rec.prompt_tokens is not None and rec.prompt_tokens + n < ends.max_model_len:
+            return (f"finish_reason 'length' after {n} of max_tokens {rec.max_tokens} tokens (prompt "
+                    f"{rec.prompt_tokens}, max_model_len {ends.max_model_len}): cut short")
+    return None
+
+
+def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engine_has_events: bool,
+                      ends: AnswerEnds = AnswerEnds()) -> RequestCheck | None:
     """Check one request; None when there is nothing to reconcile (a stream the run's interruption
-    cut, or one the driver closed after an error of its own)."""
+    cut, or one the driver closed after an error of its own). ``ends``: where the model's answers may
+    end (:func:`cut_short`)."""
     streamed = rec.streamed_tokens
     out = RequestCheck(
         client_id=rec.client_id, cancelled=rec.cancelled, ok=True, problem=None,
@@ -236,6 +275,8 @@ def reconcile_request(rec: ClientRecord, eng: EngineRequestView | None, *, engin
             return fail(f"ignore_eos but finish_reason {rec.finish_reason!r}, not 'length'")
         if rec.completion_tokens != rec.max_tokens:
             return fail(f"ignore_eos: {rec.completion_tokens} tokens, max_tokens {rec.max_tokens}")
+    if (why := cut_short(rec, ends)) is not None:
+        return fail(why)
     return out
 
 

@@ -22,6 +22,7 @@ from ratebench.analysis.rates import rate_figures
 from ratebench.analysis.refusals import peak_head
 from ratebench.analysis.reconcile import (
     NO_TIME,
+    AnswerEnds,
     RequestCheck,
     engine_request_totals,
     events_after_grouped,
@@ -99,6 +100,11 @@ def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
                     f"{p.label} {user}: scenarios.json says limit {spec.limit_tps}, the engine's flags give "
                     f"{run.engines[p.engine].limit_of(user)}; checked against {row.limit_tps}")
     phase_of = {p.key: p.index for p in run.phases}
+    if AnswerEnds.of_manifest(run.manifest).stop_token_ids is None and any(
+            r.finish_reason == "stop" for r in run.records):
+        summary.warnings.append(
+            "answers that ended with 'stop' were not held against the model's stop tokens: the run did not record "
+            "them (manifest.json's model_stop_token_ids: a run attached with --endpoint, or one from before)")
     for name in run.traces:
         t0 = time.perf_counter()
         _summarize_engine(run, name, summary, measure, phase_of)
@@ -352,12 +358,13 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                                                for f in dataclasses.fields(totals)})
     after_cancel = None if after_cancel is None else tuple(a.tolist() for a in after_cancel)
     after_finish = tuple(a.tolist() for a in after_finish)
+    ends = AnswerEnds.of_manifest(run.manifest)
     for i, r in enumerate(run.records):
         if r.engine != name:
             continue
         code = code_of_record.get(i)
         view = view_of(totals_py, code, after_cancel, after_finish) if code is not None else None
-        chk = reconcile_request(r, view, engine_has_events=True)
+        chk = reconcile_request(r, view, engine_has_events=True, ends=ends)
         _add_request_check(summary, phase_of, i, r, chk)
     lap("reconciliation per request")
 
@@ -503,6 +510,7 @@ def _witness(run: RunData, summary: RunSummary, measure: Measure, phase_of: dict
 def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict,
                        chunks: _ClientChunks | None = None) -> None:
     by_group: dict[tuple[int, str], list] = {}
+    ends = AnswerEnds.of_manifest(run.manifest)
     for i, r in enumerate(run.records):
         p_index = phase_of.get((r.scenario, r.phase, r.engine))
         if p_index is None:
@@ -521,7 +529,8 @@ def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of:
             # no engine events (stock vLLM): reconcile the client side alone
             for i in indices:
                 r = run.records[i]
-                _add_request_check(summary, phase_of, i, r, reconcile_request(r, None, engine_has_events=False))
+                _add_request_check(summary, phase_of, i, r, reconcile_request(r, None, engine_has_events=False,
+                                                                              ends=ends))
         cancelled = [i for i in indices if run.records[i].cancelled]
         row.cancelled = len(cancelled)
         checks = summary.request_checks.get((p_index, user), [])
