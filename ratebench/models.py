@@ -66,7 +66,10 @@ def hf_cached_folder(model_id: str) -> Path | None:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:
         return None
-    config = try_to_load_from_cache(model_id, "config.json", cache_dir=hf_hub_cache())
+    try:
+        config = try_to_load_from_cache(model_id, "config.json", cache_dir=hf_hub_cache())
+    except ValueError:  # not a valid Hugging Face id (a folder path that does not exist)
+        return None
     if not isinstance(config, str):
         return None
     folder = Path(config).parent

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from ratebench import tinymodel
-from ratebench.models import SOURCE_OPTION, SOURCE_PROFILE, SOURCE_TINY, hf_cached_folder, model_choice
+from ratebench.models import (
+    SOURCE_OPTION, SOURCE_PROFILE, SOURCE_TINY, hf_cached_folder, model_choice, model_max_len, stop_token_ids,
+)
 from ratebench.profiles import load_profile
 
 
@@ -75,3 +78,31 @@ def test_the_tiny_model_is_looked_for_not_generated(tmp_path: Path, monkeypatch:
     assert choice.path == str(tmp_path / "models" / tinymodel.TINY_MODEL_NAME)
     assert not (tmp_path / "models").exists()
     assert model_choice(load_profile("cpu-tiny"), "/elsewhere").source == SOURCE_OPTION
+
+
+def test_the_stop_tokens_are_the_tokenizers_eos_and_the_generation_configs(tmp_path):
+    """Qwen3's layout: generation_config.json lists two EOS ids, tokenizer_config.json names one."""
+    folder = _model_folder(tmp_path / "m")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [151645, 151643]}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "eos_token": {"content": "<|im_end|>"},
+        "added_tokens_decoder": {"151643": {"content": "<|endoftext|>"}, "151645": {"content": "<|im_end|>"},
+                                 "151644": {"content": "<|im_start|>"}}}))
+    assert stop_token_ids(folder) == [151643, 151645]
+    (folder / "generation_config.json").unlink()
+    assert stop_token_ids(folder) == [151645]
+    (folder / "tokenizer_config.json").write_text("not json")
+    assert stop_token_ids(folder) is None  # unknown: reconciliation does not judge where answers stop
+
+
+def test_the_generated_tiny_model_stops_at_im_end(tiny_model):
+    assert stop_token_ids(tiny_model) == [2]
+
+
+def test_max_model_len_is_the_profiles_else_the_models(tmp_path):
+    folder = _model_folder(tmp_path / "m")
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 40960}))
+    profile = load_profile("cpu-tiny")
+    assert model_max_len(folder, profile) == 2048
+    unset = dataclasses.replace(profile, model=dataclasses.replace(profile.model, max_model_len=None))
+    assert model_max_len(folder, unset) == 40960

@@ -185,8 +185,10 @@ def cut_short(rec: ClientRecord, ends: AnswerEnds) -> str | None:
     prompt and answer reaching ``max_model_len``. A limiter that ends a throttled answer early, calling it
     either, passes every count and every bound; this is where it shows (promise 3, never truncated)."""
     n = rec.completion_tokens
-    if rec.finish_reason == "stop" and ends.stop_token_ids is not None and rec.token_ids is not None:
-        last = rec.token_ids[-1] if rec.token_ids else None
+    # (judged on the token ids the server streamed, when it streamed one per token)
+    if (rec.finish_reason == "stop" and ends.stop_token_ids is not None and rec.token_ids
+            and len(rec.token_ids) == n):
+        last = rec.token_ids[-1]
         if last not in ends.stop_token_ids:
             return (f"finish_reason 'stop' after {n} tokens, but its last token (id {last}) is not one of the "
                     f"model's stop tokens (ids {', '.join(map(str, sorted(ends.stop_token_ids)))}): cut short, "
