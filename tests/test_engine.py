@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
+from e2e_profiles import e2e_profile
 from ratebench.engine import EngineSpec, RunningEngine, WarmUpPlan, group_members, start_engine, warm_up
 from ratebench.events import ENV_VAR, read_engine_events
 
@@ -186,19 +187,9 @@ def _check_warm_up_wave(events, engine: str, *, streams: int, max_tokens: int) -
     assert per_step.max() >= 2, "the wave's streams ran in one batch"
 
 
-ATTACH_PROFILE = """
-[profile]
-description = "test: attach to a running server"
-[model]
-source = "tiny"
-max_model_len = 512
-[engine]
-max_num_seqs = 4
-max_num_active_seqs = 2
-[limits]
-default_tps = 1000
-[limits.users]
-user-a = 1000
+# the server is the test's own (attach mode): the profile's engine settings are never used; max_model_len
+# sizes the answers
+ATTACH_PROFILE = e2e_profile("test: attach to a running server", {"user-a": 1000}, """
 [[scenarios]]
 kind = "cancellation"
 user = "user-a"
@@ -214,7 +205,7 @@ kind = "overhead"
 user = "user-a"
 streams = 1
 max_tokens = 5
-"""
+""", max_num_seqs=4, max_num_active_seqs=2, default_tps=1000, max_model_len=512)
 
 
 def _attach_a_run(tmp_path: Path, engine: RunningEngine) -> Path:

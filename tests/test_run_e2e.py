@@ -413,24 +413,7 @@ def test_long_prompts_eos_and_prefix_cache_send_what_they_say(small_run) -> None
 # ---- a killed run, an engine that cannot start ------------------------------------------
 
 
-SLOW_PROFILE = """
-[profile]
-description = "test: one long scenario, to be interrupted"
-startup_timeout_s = 300
-shutdown_grace_s = 15
-[model]
-source = "tiny"
-max_model_len = 1024
-[engine]
-max_num_seqs = 8
-max_num_active_seqs = 4
-extra_args = ["--enforce-eager"]
-env = { VLLM_CPU_KVCACHE_SPACE = "1" }
-[limits]
-default_tps = 100
-[limits.users]
-user-a = 10
-user-b = 100
+SLOW_PROFILE = e2e_profile("test: one long scenario, to be interrupted", {"user-a": 10, "user-b": 100}, """
 [[scenarios]]
 kind = "seed-experiment"
 user = "user-a"
@@ -438,7 +421,7 @@ neighbour = "user-b"
 streams = [1, 4]
 max_tokens = 600
 neighbour_max_tokens = 600
-"""
+""", max_num_seqs=8)
 
 
 def test_a_killed_run_is_partial_and_leaves_no_engine(tmp_path: Path, patched_vllm: str, tiny_model: Path) -> None:
