@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from ratebench.events import ENV_VAR as EVENTS_ENV_VAR
+from ratebench.procstats import group_members
 
 LOG_TAIL_LINES = 30
 
@@ -79,10 +80,9 @@ class EngineSpec:
     pristine_files: dict[str, bytes | None] | None = field(default=None, repr=False)
     # CPU: keep --async-scheduling through ratebench/cpu_async.py's overlay (async engines only).
     cpu_async_overlay: bool = False
-    # vLLM's --scheduling-policy the engine is meant to run: "fcfs" or "priority". An engine of the
-    # "priority" scheduling mode gets the flag here; the others run what the profile's flags say.
+    # vLLM's --scheduling-policy the engine is meant to run: "fcfs" or "priority". Where the profile's
+    # flags say otherwise (an engine of the "priority" scheduling mode), all_flags adds the flag.
     scheduling_policy: str = "fcfs"
-    policy_flag: bool = False  # add --scheduling-policy (the "priority" mode)
 
     def limiter_flags(self) -> list[str]:
         if not self.feature:
@@ -99,7 +99,7 @@ class EngineSpec:
         flags = ["--model", self.model, "--served-model-name", self.served_name, *self.flags]
         if self.async_scheduling:
             flags.append("--async-scheduling")
-        if self.policy_flag:
+        if flag_policy(self.flags) != self.scheduling_policy:
             flags += ["--scheduling-policy", self.scheduling_policy]
         return flags + self.limiter_flags()
 
@@ -107,6 +107,17 @@ class EngineSpec:
         """The server's command line (``port``: a placeholder string where it is not chosen yet)."""
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
                 "--port", str(port), *self.all_flags()]
+
+
+def flag_policy(flags: list[str]) -> str:
+    """The --scheduling-policy that ``flags`` give vLLM (the last one wins; "fcfs", vLLM's default)."""
+    policy = "fcfs"
+    for k, flag in enumerate(flags):
+        if flag == "--scheduling-policy" and k + 1 < len(flags):
+            policy = flags[k + 1]
+        elif flag.startswith("--scheduling-policy="):
+            policy = flag.split("=", 1)[1]
+    return policy.lower()
 
 
 def free_port() -> int:
@@ -121,66 +132,6 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
             return "".join(deque(f, maxlen=lines))
     except OSError:
         return ""
-
-
-def _read_proc(path: str) -> bytes | None:
-    """A /proc file's bytes; None when the process is gone."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-def _proc_stats():
-    """(pid, fields after the command) of every process in /proc/<pid>/stat: state (0),
-    ppid (1), pgrp (2), ... utime (11), stime (12). The command may hold spaces."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        stat = _read_proc(f"/proc/{entry.name}/stat")
-        if stat is not None:
-            yield int(entry.name), stat[stat.rfind(b")") + 2 :].split()
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc."""
-    return [pid for pid, rest in _proc_stats() if len(rest) >= 3 and int(rest[2]) == pgid and rest[0] != b"Z"]
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def groups_cpu_s(pgids: set[int]) -> float:
-    """CPU seconds (user + system) the live processes of these process groups have used, from /proc."""
-    ticks = sum(int(rest[11]) + int(rest[12]) for _pid, rest in _proc_stats()
-                if len(rest) > 12 and int(rest[2]) in pgids)
-    return ticks / _CLK_TCK
-
-
-def engine_core_cpu_s(pgid: int) -> float | None:
-    """CPU seconds (user + system, all threads) the EngineCore processes of one engine's process group
-    have used, from /proc; None when none is found (vLLM titles them ``VLLM::EngineCore``)."""
-    ticks, found = 0, False
-    for pid, rest in _proc_stats():
-        if len(rest) <= 12 or int(rest[2]) != pgid:
-            continue
-        cmdline = _read_proc(f"/proc/{pid}/cmdline")
-        if cmdline is not None and b"EngineCore" in cmdline:
-            ticks += int(rest[11]) + int(rest[12])
-            found = True
-    return ticks / _CLK_TCK if found else None
-
-
-def machine_busy_cpu_s() -> float:
-    """CPU seconds every CPU of the machine has spent busy (not idle, not waiting for I/O) since boot."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return 0.0
-    idle = sum(fields[3:5])  # idle, iowait
-    return (sum(fields[:8]) - idle) / _CLK_TCK  # user nice system idle iowait irq softirq steal
 
 
 # ---- stock vLLM beside the patched install ---------------------------------------------

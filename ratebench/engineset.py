@@ -23,9 +23,7 @@ from ratebench.engine import (
     EngineSpec,
     RunningEngine,
     WarmUpPlan,
-    groups_cpu_s,
     launch_engine,
-    machine_busy_cpu_s,
     records_events,
     uses_cpu_async_overlay,
     wait_ready,
@@ -34,6 +32,7 @@ from ratebench.engine import (
 from ratebench.events import EngineEntry, EventFileError, read_engine_events
 from ratebench.manifest import Manifest
 from ratebench.plan import engine_spec, engines_wanted
+from ratebench.procstats import groups_cpu_s, machine_busy_cpu_s
 from ratebench.profiles import Profile
 from ratebench.scenarios import ROLE_FEATURE_ON, EngineRef, engine_name, fleet_members
 

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ratebench.engine import EngineSpec, engine_env, records_events
+from ratebench.engine import EngineSpec, engine_env, flag_policy, records_events
 from ratebench.models import ModelChoice, model_choice
 from ratebench.profiles import Profile, ProfileError, ScenarioSpec
 from ratebench.scenarios import (
@@ -49,17 +49,6 @@ def profile_engine_flags(profile: Profile) -> list[str]:
     return flags + list(e.extra_args)
 
 
-def flag_policy(flags: list[str]) -> str:
-    """The --scheduling-policy that ``flags`` give vLLM (the last one wins; "fcfs", vLLM's default)."""
-    policy = "fcfs"
-    for k, flag in enumerate(flags):
-        if flag == "--scheduling-policy" and k + 1 < len(flags):
-            policy = flags[k + 1]
-        elif flag.startswith("--scheduling-policy="):
-            policy = flag.split("=", 1)[1]
-    return policy.lower()
-
-
 def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool,
                 pristine_files: Callable[[], dict[str, bytes | None]]) -> EngineSpec:
     """The engine ``name`` (role-mode: patched-sync, stock-async, patched-priority, ...) of a run of ``profile``.
@@ -74,7 +63,7 @@ def engine_spec(profile: Profile, name: str, model_path: str, *, use_patch: bool
     flags = profile_engine_flags(profile)
     return EngineSpec(
         name=name, kind=kind, feature=feature, async_scheduling=(mode == "async"),
-        scheduling_policy="priority" if mode == "priority" else flag_policy(flags), policy_flag=mode == "priority",
+        scheduling_policy="priority" if mode == "priority" else flag_policy(flags),
         pristine_files=pristine_files() if kind == "stock" and use_patch else None,
         model=model_path, served_name=profile.model.served_name,
         flags=flags,

@@ -16,7 +16,8 @@ import pytest
 from rich.console import Console
 
 from e2e_profiles import e2e_profile
-from ratebench.engine import EngineSpec, RunningEngine, WarmUpPlan, group_members, start_engine, warm_up
+from ratebench.engine import EngineSpec, RunningEngine, WarmUpPlan, start_engine, warm_up
+from ratebench.procstats import group_members
 from ratebench.events import ENV_VAR, read_engine_events
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ratebench.engine import group_members
+from ratebench.procstats import group_members
 from ratebench.events import (
     FINISH_REASONS,
     KIND_FINISH,

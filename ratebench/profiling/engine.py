@@ -250,7 +250,7 @@ def _record_all(endpoint: str, model: str, settings: EngineProfileSettings, busy
 
 
 def _wait_engine_core(pgid: int, timeout_s: float = 10.0) -> int | None:
-    from ratebench.engine import group_members
+    from ratebench.procstats import group_members
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

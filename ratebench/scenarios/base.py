@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
-from ratebench.engine import engine_core_cpu_s
+from ratebench.procstats import engine_core_cpu_s
 from ratebench.events import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.workload import Driver, PhaseContext, StreamRequest
