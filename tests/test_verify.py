@@ -305,6 +305,34 @@ def test_every_threshold_is_an_option_of_verify_bound_with_its_default():
         assert t.option in result.output, t.option
 
 
+def test_a_profile_sets_a_phases_thresholds_only_through_the_table():
+    """The thresholds a scenario's profile may set for its phases are rows of the thresholds table, each
+    with its rule: cancel_max_steps the wider of the two, max_overhead and the trace lateness the phase's
+    unless the command line gives one (the lateness in the option's unit, ms)."""
+    from ratebench.analysis.thresholds import DEFAULT_TRACE_LATENESS_NS, TABLE, for_phase, phase_params
+    from ratebench.analysis.verdict import Thresholds
+    from ratebench.profiles import kinds
+
+    assert phase_params("cancel_max_steps", "trace_lateness_ns") == {"cancel_max_steps": ("pos_int", None),
+                                                                     "lateness_ms": ("pos_num", None)}
+    th, given = Thresholds(), Thresholds(cancel_max_steps=3, max_overhead=0.1, trace_lateness_ns=5_000_000)
+    assert for_phase(th, "cancel_max_steps", {"cancel_max_steps": 5}) == 5
+    assert for_phase(given, "cancel_max_steps", {"cancel_max_steps": 2}) == 3  # wider: the command line's
+    assert for_phase(th, "cancel_max_steps", {}) == 1
+    assert for_phase(th, "max_overhead", {"max_overhead": 0.35}) == 0.35
+    assert for_phase(given, "max_overhead", {"max_overhead": 0.35}) == 0.1
+    assert for_phase(th, "max_overhead", {}) is None  # report only
+    assert for_phase(th, "trace_lateness_ns", {"lateness_ms": 100}) == 100_000_000
+    assert for_phase(given, "trace_lateness_ns", {"lateness_ms": 100}) == 5_000_000
+    assert for_phase(th, "trace_lateness_ns", {"lateness_ms": None}) is None and DEFAULT_TRACE_LATENESS_NS == 20_000_000
+    # every scenario parameter named after a threshold comes from the table
+    overridable = {t.phase_param for t in TABLE if t.phase_param}
+    for name, kind in kinds().items():
+        for param in overridable & set(kind.params):
+            row = next(t for t in TABLE if t.phase_param == param)
+            assert kind.params[param] == (row.phase_type, None), (name, param)
+
+
 def _beam_checks(run_dir, status: int, message: str, *, limiter_on: bool):
     from synthetic_runs import edit_scenarios
 

@@ -2,8 +2,9 @@
 
 A request's lateness is ``sent_ns - scheduled_ns`` of its client record: when the driver
 began sending it against the time the trace gave it (numpy's default percentiles). A
-phase whose p99 lateness exceeds the lateness its scenario states (``params.lateness_ms``)
-did not replay its trace faithfully: what the engine saw was not the trace's arrivals.
+phase whose p99 lateness exceeds the allowed lateness (``--trace-lateness-ms``, else its scenario's
+``lateness_ms``, else 20 ms: the thresholds table) did not replay its trace faithfully: what the
+engine saw was not the trace's arrivals.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratebench.analysis.load import RunData
-from ratebench.analysis.verdict import Check
+from ratebench.analysis.thresholds import DEFAULT_TRACE_LATENESS_NS, for_phase
+from ratebench.analysis.verdict import Check, Thresholds
 
 # Scenario kinds that send requests at the times of a trace.
 TRACE_KINDS = ("trace", "mix")
-DEFAULT_LATENESS_MS = 20.0
 
 
 @dataclass
@@ -31,10 +32,10 @@ class TraceLateness:
     p99_ns: int | None
     max_ns: int | None
     latest: str | None  # the client id of the latest request
-    threshold_ns: int  # the lateness the scenario states
+    threshold_ns: int  # the allowed p99 lateness
 
 
-def trace_lateness(run: RunData) -> list[TraceLateness]:
+def trace_lateness(run: RunData, th: Thresholds = Thresholds()) -> list[TraceLateness]:
     """One figure per phase of a trace-replaying scenario, in phase order."""
     by_phase: dict[tuple[str, str, str], list] = {}
     for r in run.records:
@@ -45,7 +46,7 @@ def trace_lateness(run: RunData) -> list[TraceLateness]:
             continue
         recs = by_phase.get(p.key, [])
         sent = [r for r in recs if r.sent_ns is not None]
-        threshold_ns = int(float(p.params.get("lateness_ms", DEFAULT_LATENESS_MS)) * 1e6)
+        threshold_ns = for_phase(th, "trace_lateness_ns", p.params) or DEFAULT_TRACE_LATENESS_NS
         if not sent:
             out.append(TraceLateness(p.index, 0, len(recs), None, None, None, None, threshold_ns))
             continue
@@ -57,10 +58,10 @@ def trace_lateness(run: RunData) -> list[TraceLateness]:
     return out
 
 
-def lateness_checks(run: RunData) -> list[Check]:
-    """trace-lateness: each trace phase's p99 lateness against the lateness its scenario states."""
+def lateness_checks(run: RunData, th: Thresholds = Thresholds()) -> list[Check]:
+    """trace-lateness: each trace phase's p99 lateness against the allowed lateness."""
     out = []
-    for f in trace_lateness(run):
+    for f in trace_lateness(run, th):
         p = run.phases[f.phase_index]
         limit_ms = f.threshold_ns / 1e6
         if f.p99_ns is None:

@@ -26,6 +26,12 @@ class Threshold:
     help: str
     promise: str
     unit: str = ""
+    # a profile may set it for one scenario's phases: that scenario parameter (in the option's unit, the
+    # profile schema's type ``phase_type``), combined with the command line's by ``phase_rule``: "wider"
+    # the larger of the two; "unless-given" the parameter's, unless the command line gives one
+    phase_param: str | None = None
+    phase_type: str = ""
+    phase_rule: str = "wider"
 
     @property
     def scale(self) -> int:
@@ -73,12 +79,18 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("isolation_gap_slack_ns", "--isolation-gap-slack-ms", "added to the allowed inter-token gap", "4",
               "ms"),
     Threshold("max_overhead", "--max-overhead", "fail when 1 - throughput(feature-on)/throughput(off or stock) "
-              "(the median of the per-round ratios) exceeds this (default: report only)", "overhead"),
+              "(the median of the per-round ratios) exceeds this (default: the overhead scenario's max_overhead, "
+              "else report only)", "overhead", phase_param="max_overhead", phase_type="fraction",
+              phase_rule="unless-given"),
     Threshold("max_event_overhead", "--max-event-overhead", "fail when 1 - throughput(feature-on)/throughput("
               "feature-on without engine events) (the median of the per-round ratios) exceeds this (default: "
               "report only)", "events"),
-    Threshold("cancel_max_steps", "--cancel-max-steps", "emit events of a cancelled request after the cancel",
-              "reconciliation"),
+    Threshold("cancel_max_steps", "--cancel-max-steps", "emit events of a cancelled request after the cancel (a "
+              "mix's cancel_max_steps may allow more)", "reconciliation", phase_param="cancel_max_steps",
+              phase_type="pos_int"),
+    Threshold("trace_lateness_ns", "--trace-lateness-ms", "a trace or mix phase: the p99 of how late the driver "
+              "sent its requests (default: the scenario's lateness_ms, else 20)", "replay", "ms",
+              phase_param="lateness_ms", phase_type="pos_num", phase_rule="unless-given"),
     Threshold("stream_spread_max", "--stream-spread-max", "tokens between one user's streams while all are "
               "active", "2"),
     Threshold("jain_min", "--jain-min", "Jain's index across backlogged users with equal limits", "4"),
@@ -124,6 +136,29 @@ TABLE: tuple[Threshold, ...] = (
 
 # Thresholds fields that are no command-line option: the GCRA burst comes from each engine's header.
 NOT_OPTIONS = ("burst_ns",)
+
+DEFAULT_TRACE_LATENESS_NS = 20_000_000  # trace_lateness_ns when neither the command line nor the phase sets it
+_BY_FIELD = {t.field: t for t in TABLE}
+
+
+def phase_params(*fields: str) -> dict[str, tuple[str, Any]]:
+    """A scenario kind's PARAMS entries for the thresholds its profile may set per phase (the table's
+    ``phase_param`` of each field, left unset by default)."""
+    return {_BY_FIELD[f].phase_param: (_BY_FIELD[f].phase_type, None) for f in fields}  # type: ignore[misc]
+
+
+def for_phase(th: Thresholds, field: str, params: dict[str, Any]) -> Any:
+    """The threshold ``field`` for a phase whose scenario parameters are ``params``: the command line's
+    (``th``) and the phase's (its ``phase_param``, in the option's unit) combined by the row's rule."""
+    t = _BY_FIELD[field]
+    given = getattr(th, field)
+    raw = params.get(t.phase_param) if t.phase_param else None
+    own = None if raw is None else (round(float(raw) * t.scale) if t.unit else t.type(raw))
+    if t.phase_rule == "unless-given":
+        return given if given is not None else own
+    if own is None:
+        return given
+    return own if given is None else max(given, own)
 
 
 def from_options(values: dict[str, Any]) -> Thresholds:

@@ -39,6 +39,9 @@ class Thresholds:
     # 1 - the median per-round throughput(feature-on) / throughput(feature-on, no engine events)
     max_event_overhead: float | None = None
     cancel_max_steps: int = 1  # emit events of a cancelled request after the cancel
+    # a trace or mix phase: p99 of how late the driver sent its requests (None: the scenario's lateness_ms,
+    # else DEFAULT_TRACE_LATENESS_NS)
+    trace_lateness_ns: int | None = None
     stream_spread_max: int = 2  # tokens between one user's streams while all are active
     jain_min: float = 0.95  # Jain's index across backlogged users with equal limits
     # even spacing: a backlogged user may fall short of N * W by 1 + N * (P + this) in a window

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratebench.analysis.answers import GREEDY_PARAM
+from ratebench.analysis.thresholds import phase_params
 from ratebench.answerscore import score_parted_answers
 from ratebench.mix import CLOSED, TIER_ARRIVALS, mix_requests, tier_of_users, tier_users
 from ratebench.profiles import (
@@ -45,11 +46,12 @@ PARAMS: dict[str, tuple[str, Any]] = {
     "prefix_tokens": ("pos_int", 256),
     "prefix_groups": ("pos_int", 1),
     "chat_fraction": ("fraction", 0),
-    "lateness_ms": ("pos_num", 20),
     "baseline": ("bool", False),  # also replay on the limiter-off engine (limits raised)
-    # engine steps allowed after a client's cancel (verify-bound's --cancel-max-steps when higher):
-    # under a heavy mix an abort reaches the engine a few steps late, the limiter off alike
-    "cancel_max_steps": ("pos_int", None),
+    # thresholds the profile may set for the mix's phases (the thresholds table): lateness_ms, each request
+    # sent within this of its time (p99: trace-lateness; verify-bound's --trace-lateness-ms wins when given);
+    # cancel_max_steps, engine steps allowed after a client's cancel (verify-bound's --cancel-max-steps when
+    # higher): under a heavy mix an abort reaches the engine a few steps late, the limiter off alike
+    **phase_params("trace_lateness_ns", "cancel_max_steps"),
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratebench.analysis import overhead as overhead_analysis
+from ratebench.analysis.thresholds import phase_params
 from ratebench.profiles import REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
     ROLE_FEATURE_OFF, ROLE_FEATURE_ON, ROLE_NO_EVENTS, ROLE_STOCK, EngineRef, PhaseEstimate, PhasePlan,
@@ -21,8 +22,8 @@ PARAMS: dict[str, tuple[str, Any]] = {
     # the engines the limiter-on engine is compared with (each one more engine to start)
     "against": ("overhead_against", ["feature-off", "stock", "no-events"]),
     # the most the limiter may cost: 1 - the median per-round throughput ratio against each engine of
-    # `against` (verify-bound's --max-overhead wins when given); unset: reported, not judged
-    "max_overhead": ("fraction", None),
+    # `against` (the thresholds table: verify-bound's --max-overhead wins when given); unset: reported, not judged
+    **phase_params("max_overhead"),
 }
 
 

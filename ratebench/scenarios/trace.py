@@ -19,6 +19,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from ratebench.analysis.thresholds import phase_params
 from ratebench.profiles import (
     ANONYMOUS_USER, BUILTIN_DIR, REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec,
     Validator, register,
@@ -32,7 +33,9 @@ PARAMS: dict[str, tuple[str, Any]] = {
     "trace": ("str", REQUIRED),  # a path relative to the profile's folder, or a built-in trace name
     "users_at_default_rate": ("bool", False),  # trace users not in [limits.users] take default_tps
     "backlogged": ("user_list", []),  # users the trace keeps waiting for tokens: delivery, even spacing
-    "lateness_ms": ("pos_num", 20),  # each request sent within this of its trace time (p99: trace-lateness)
+    # each request sent within this of its trace time (p99: trace-lateness; the thresholds table: default 20 ms,
+    # verify-bound's --trace-lateness-ms wins when given)
+    **phase_params("trace_lateness_ns"),
 }
 
 

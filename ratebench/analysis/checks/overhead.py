@@ -9,6 +9,7 @@ from ratebench.analysis.checks.base import CheckMeaning, meanings, per_run
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_OFF, ROLE_ON, ROLE_STOCK
 from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.thresholds import for_phase
 from ratebench.analysis.verdict import Check, Thresholds
 
 MEANINGS = meanings({
@@ -35,12 +36,12 @@ def overhead(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     return _overhead(run, s, th)
 
 
-def _profile_max_overhead(run: RunData, scenario: str) -> float | None:
-    """The overhead scenario's own threshold (its ``max_overhead`` parameter), if its profile gives one."""
+def _scenario_params(run: RunData, scenario: str) -> dict:
+    """The parameters of the overhead scenario's phases (the first that states a max_overhead)."""
     for p in run.phases:
         if p.scenario == scenario and p.params.get("max_overhead") is not None:
-            return float(p.params["max_overhead"])
-    return None
+            return p.params
+    return {}
 
 
 def _overhead(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
@@ -48,7 +49,7 @@ def _overhead(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
     against ``--max-overhead`` or else the scenario's ``max_overhead`` (the profile's), if either is given."""
     out = []
     for o in s.overheads:
-        profile_limit = _profile_max_overhead(run, o.scenario)
+        overhead_limit = for_phase(th, "max_overhead", _scenario_params(run, o.scenario))
         for pair, pooled in o.ratios.items():
             if not pair.startswith(f"{ROLE_ON}/") and pair != OFF_PAIR:
                 continue
@@ -57,10 +58,9 @@ def _overhead(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
             ratio = paired.median if paired is not None else pooled
             overhead = 1 - ratio
             name, limit = ("event-recording", th.max_event_overhead) if pair == EVENTS_PAIR else \
-                ("feature-off-cost", th.max_overhead) if pair == OFF_PAIR else ("overhead", th.max_overhead)
-            source = "--max-event-overhead" if name == "event-recording" else "--max-overhead"
-            if name != "event-recording" and limit is None and profile_limit is not None:
-                limit, source = profile_limit, "the profile's max_overhead"
+                ("feature-off-cost", overhead_limit) if pair == OFF_PAIR else ("overhead", overhead_limit)
+            source = "--max-event-overhead" if name == "event-recording" else \
+                "--max-overhead" if th.max_overhead is not None else "the profile's max_overhead"
             passed = None if limit is None else overhead <= limit
             if paired is not None:
                 text = (f"median of {paired.rounds} per-round throughput ratios {a}/{b} {paired.median:.3f} "

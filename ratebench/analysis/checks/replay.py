@@ -19,4 +19,4 @@ MEANINGS = meanings({
 
 @per_run(110)
 def trace_lateness(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
-    return lateness_checks(run)
+    return lateness_checks(run, th)

@@ -9,6 +9,7 @@ from ratebench.analysis.checks.base import CheckMeaning, RowContext, meanings, p
 from ratebench.analysis.load import RunData
 from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.thresholds import for_phase
 from ratebench.analysis.verdict import Check, Thresholds
 
 MEANINGS = meanings({
@@ -46,7 +47,7 @@ def reconciliation_and_cancellations(c: RowContext) -> list[Check]:
     if cancelled:
         # a profile may allow more for a phase whose load delays aborts on their way to the engine
         # (a mix of a thousand streams on two cores: the limiter-off engine shows the same)
-        max_steps = max(th.cancel_max_steps, int(run.phases[c.p_index].params.get("cancel_max_steps") or 0))
+        max_steps = for_phase(th, "cancel_max_steps", run.phases[c.p_index].params)
         problems = [cancel_problem(r, max_steps) for r in cancelled]
         bad = [p for p in problems if p is not None]
         worst = max((r.emit_events_after_cancel or 0) for r in cancelled)
