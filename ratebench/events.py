@@ -73,6 +73,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ratebench.roles import PHASE_MEASURE
+
 FILE_MAGIC = b"RBEVFILE"
 BLOCK_MAGIC = b"RBEVBLK1"
 STEP_BLOCK_MAGIC = b"RBEVSTP1"
@@ -503,7 +505,7 @@ class PhaseRecord:
     end_ns: int
     # user -> its entry; a scenario fills in plain dicts, the reader gives PhaseUser
     users: dict[str, PhaseUser]
-    role: str = "measure"
+    role: str = PHASE_MEASURE
     params: dict[str, Any] = field(default_factory=dict)
     # CPUs in use on average over the phase (CPU-seconds per second): "busy" all processes, "run" this
     # run's (driver and engines), "other" the rest; None when not measured (and in older runs)

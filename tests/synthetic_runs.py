@@ -9,6 +9,7 @@ import numpy as np
 
 from ratebench.events import EventFileWriter, read_client_records, read_engine_events, write_client_records
 from ratebench.profiles import ANONYMOUS_USER
+from ratebench.roles import PHASE_IDLE
 from synth import SimEngine, SimPhase, SimRequest, write_run_folder
 
 
@@ -165,7 +166,7 @@ def all_promises_run(run_dir: Path, *, waiting: bool = True, max_tokens: int = 6
     if waiting:
         probe = {"limit_tps": 100000, "streams": 2, "backlogged": False}
         phases += [
-            SimPhase("waiting", "waiting", "idle", sync.name, "baseline", {"probe": probe},
+            SimPhase("waiting", "waiting", "idle", sync.name, PHASE_IDLE, {"probe": probe},
                      reqs("probe", 2, tokens=4)),
             SimPhase("waiting", "waiting", "busy", sync.name, "steps", {"probe": probe}, reqs("probe", 2)),
             SimPhase("waiting", "waiting", "waiting", sync.name, "waiting",

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 
 from ratebench.analysis.load import RunData
 from ratebench.events import greedy_pair_comparable
+from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE
 
 GREEDY_PARAM = "greedy_answers"
 SNIPPET = 6  # tokens shown either side of the first difference
@@ -83,11 +84,11 @@ def answer_comparisons(run: RunData, tol: float = DEFAULT_LOGPROB_TOL) -> list[A
     for r in run.records:
         by_phase.setdefault((r.scenario, r.phase, r.engine), []).append(r)
     for base in run.phases:
-        if base.role != "baseline" or base.kind != "mix" or not base.params.get(GREEDY_PARAM):
+        if base.role != PHASE_BASELINE or base.kind != "mix" or not base.params.get(GREEDY_PARAM):
             continue
         off = {(r.user, r.stream_index): r for r in by_phase.get(base.key, [])}
         for p in run.phases:
-            if (p.scenario != base.scenario or p.kind != "mix" or p.role != "measure"
+            if (p.scenario != base.scenario or p.kind != "mix" or p.role != PHASE_MEASURE
                     or not p.params.get(GREEDY_PARAM)):
                 continue
             cmp = AnswerComparison(p.scenario, p.phase, p.engine, base.phase, base.engine)

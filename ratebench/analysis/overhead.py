@@ -19,8 +19,10 @@ import numpy as np
 from ratebench.analysis.load import RunData
 from ratebench.analysis.verdict import OverheadSummary, PairedRatio
 from ratebench.events import KIND_EMIT, PhaseRecord
+from ratebench.roles import OVERHEAD_NO_EVENTS, OVERHEAD_OFF, OVERHEAD_ON, OVERHEAD_STOCK
 
-ROLE_ON, ROLE_NO_EVENTS, ROLE_OFF, ROLE_STOCK = "feature-on", "feature-on-no-events", "feature-off", "stock"
+# an overhead round's phase role (ratebench/roles.py)
+ROLE_ON, ROLE_NO_EVENTS, ROLE_OFF, ROLE_STOCK = OVERHEAD_ON, OVERHEAD_NO_EVENTS, OVERHEAD_OFF, OVERHEAD_STOCK
 OVERHEAD_ROLES = (ROLE_ON, ROLE_NO_EVENTS, ROLE_OFF, ROLE_STOCK)
 # (a, b): throughput(a) / throughput(b)
 PAIRS = ((ROLE_ON, ROLE_OFF), (ROLE_ON, ROLE_STOCK), (ROLE_OFF, ROLE_STOCK), (ROLE_ON, ROLE_NO_EVENTS))

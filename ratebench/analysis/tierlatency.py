@@ -34,9 +34,10 @@ from ratebench.analysis.load import RunData
 from ratebench.analysis.summary import RunSummary
 from ratebench.events import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER
+from ratebench.roles import PHASE_BASELINE
 
 KINDS = ("mix",)  # the kinds of phase read by tier
-BASELINE = "baseline"  # the role of a phase's baseline (mix-baseline)
+BASELINE = PHASE_BASELINE  # the role of a phase's baseline (mix-baseline)
 
 
 @dataclass

@@ -71,8 +71,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ratebench.analysis.segments import time_order
+from ratebench.roles import PHASE_IDLE, PHASE_IDLE_BEFORE, PHASE_STEPS, PHASE_WAITING
 
-ROLE_IDLE, ROLE_STEPS, ROLE_WAITING = "baseline", "steps", "waiting"
+ROLE_IDLE, ROLE_STEPS, ROLE_WAITING = PHASE_IDLE, PHASE_STEPS, PHASE_WAITING  # ratebench/roles.py
 
 # A phase whose engine waited for budget less than this in all is not judged on its waiting.
 WAIT_MIN_NS = 1_000_000_000
@@ -140,7 +141,7 @@ def waiting_summaries(run, rows: dict, request_checks: dict, steps_per_phase: di
     out = []
     for w in (p for p in run.phases if p.kind == "waiting" and p.role == ROLE_WAITING):
         same = [p for p in run.phases if p.scenario == w.scenario and p.engine == w.engine]
-        idle = next((p for p in same if p.role == ROLE_IDLE), None)
+        idle = next((p for p in same if p.role in (ROLE_IDLE, PHASE_IDLE_BEFORE)), None)
         busy = next((p for p in same if p.role == ROLE_STEPS), None)
         if idle is None or busy is None:
             continue

@@ -13,18 +13,17 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
-from ratebench.procstats import engine_core_cpu_s
 from ratebench.events import PhaseRecord
+from ratebench.procstats import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
+from ratebench.roles import ENGINE_FEATURE_OFF, ENGINE_FEATURE_ON, ENGINE_NO_EVENTS, ENGINE_STOCK, PHASE_MEASURE
 from ratebench.workload import Driver, PhaseContext, StreamRequest
 
 
-# Engine roles: the engine with the limiter on, the same with engine events off (overhead
-# only: what recording the events costs), the same code with the limiter off, stock vLLM.
-ROLE_FEATURE_ON = "patched"
-ROLE_NO_EVENTS = "patched-noevents"
-ROLE_FEATURE_OFF = "feature-off"
-ROLE_STOCK = "stock"
+# Engine roles (ratebench/roles.py): the limiter on, the same with engine events off, the limiter off,
+# stock vLLM.
+ROLE_FEATURE_ON, ROLE_NO_EVENTS, ROLE_FEATURE_OFF, ROLE_STOCK = (ENGINE_FEATURE_ON, ENGINE_NO_EVENTS,
+                                                                 ENGINE_FEATURE_OFF, ENGINE_STOCK)
 # Engine steps that may still charge a user after its phase's last client event.
 BURST_REFILL_MARGIN_NS = 100_000_000
 
@@ -121,7 +120,7 @@ class ScenarioContext:
             await asyncio.sleep(delay_ns / NS_PER_S)
 
     async def phase(self, engine: EngineRef, phase: str, requests: list[StreamRequest],
-                    users: dict[str, dict[str, Any]], *, role: str = "measure", concurrency: int | None = None,
+                    users: dict[str, dict[str, Any]], *, role: str = PHASE_MEASURE, concurrency: int | None = None,
                     params: dict[str, Any] | None = None,
                     extra: Callable[[], Awaitable[dict[str, Any]]] | None = None,
                     route: str | None = None,

@@ -38,6 +38,7 @@ from ratebench.engine_metrics import fleet_user_counters
 from ratebench.profiles import (
     FLEET_POLICIES, REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
+from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE
 from ratebench.scenarios.base import (
     FAILOVER_THINK_S, FLEET_STAGGER_S, EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, fleet_name,
     phase_salt, streams_of_user,
@@ -144,7 +145,7 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
             if p["light_users"]:
                 reqs += await light_requests(ctx, engine, salt, len(reqs))
                 users.update({u: {"streams": 1, "backlogged": False, "light": True} for u in p["light_users"]})
-            await ctx.phase(engine, phase, reqs, users, role="baseline" if baseline else "measure",
+            await ctx.phase(engine, phase, reqs, users, role=PHASE_BASELINE if baseline else PHASE_MEASURE,
                             params={"ignore_eos": True, "policy": policy}, route=policy,
                             extra=None if baseline else await _user_counters_over_phase(engine))
         return run

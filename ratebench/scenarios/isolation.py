@@ -8,6 +8,7 @@ from typing import Any, Callable
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
+from ratebench.roles import PHASE_BASELINE, PHASE_SHARED
 from ratebench.scenarios.base import (
     EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
@@ -32,7 +33,7 @@ def isolation(spec: ScenarioSpec) -> list[PhasePlan]:
         solo = await streams_of_user(ctx, engine, user, p["streams"], p["max_tokens"],
                                      phase_salt(ctx, engine, "baseline"))
         await ctx.phase(engine, "baseline", solo, {user: {"streams": p["streams"], "backlogged": False}},
-                        role="baseline")
+                        role=PHASE_BASELINE)
 
     async def shared(ctx: ScenarioContext, engine: EngineRef) -> None:
         throttled_tokens = min(ctx.room_tokens(p["prompt_tokens"]), 10 * p["max_tokens"])
@@ -44,7 +45,7 @@ def isolation(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "shared", reqs, {
             throttled: {"streams": p["throttled_streams"], "backlogged": True},
             user: {"streams": p["streams"], "backlogged": False},
-        }, role="shared", params={"throttled_max_tokens": throttled_tokens})
+        }, role=PHASE_SHARED, params={"throttled_max_tokens": throttled_tokens})
 
     def estimate(lead_s: float) -> Callable[[Limits | None], PhaseEstimate]:
         # The throttled user's streams run in the background, closed when the user's streams end.

@@ -12,6 +12,7 @@ from ratebench.engine_metrics import engine_metrics
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
+from ratebench.roles import PHASE_BASELINE, PHASE_SHARED
 from ratebench.scenarios.base import (
     EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, streams_of_user,
 )
@@ -62,7 +63,7 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
     async def baseline(ctx: ScenarioContext, engine: EngineRef) -> None:
         reqs = await user_requests(ctx, engine, phase_salt(ctx, engine, "kv-baseline"), 0.0)
         await ctx.phase(engine, "kv-baseline", reqs, {user: {"streams": user_streams, "backlogged": False}},
-                        role="baseline")
+                        role=PHASE_BASELINE)
 
     async def shared(ctx: ScenarioContext, engine: EngineRef) -> None:
         salt = phase_salt(ctx, engine, "kv-shared")
@@ -98,7 +99,7 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
             await ctx.phase(engine, "kv-shared", reqs, {
                 throttled: {"streams": streams, "backlogged": True},
                 user: {"streams": user_streams, "backlogged": False},
-            }, role="shared", params={"throttled_max_tokens": throttled_tokens, "stream_wait": [throttled], **sizing},
+            }, role=PHASE_SHARED, params={"throttled_max_tokens": throttled_tokens, "stream_wait": [throttled], **sizing},
                 extra=figures)
         finally:
             sampler.cancel()

@@ -20,6 +20,7 @@ from ratebench.mix import CLOSED, TIER_ARRIVALS, mix_requests, tier_of_users, ti
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
+from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE
 from ratebench.scenarios.base import (
     ROLE_FEATURE_OFF, ROLE_FEATURE_ON, EngineRef, PhasePlan, ScenarioContext, beam_search_probes, engine_name,
     phase_salt,
@@ -99,14 +100,14 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
                 # done before the phase starts)
                 params["beam_search"] = await beam_search_probes(ctx, engine, None, phase_salt(ctx, engine, phase))
             await ctx.phase(engine, phase, reqs, mix_phase_users(p, requests), role=role, params=params,
-                            extra=score if role == "baseline" else None)
+                            extra=score if role == PHASE_BASELINE else None)
         return run
 
-    plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, m), phase_of("mix", "measure"),
+    plans = [PhasePlan(spec.name, "mix", engine_name(ROLE_FEATURE_ON, m), phase_of("mix", PHASE_MEASURE),
                        lambda limits: trace_estimate(requests, limits)) for m in spec.scheduling]
     if p["baseline"]:
         plans.append(PhasePlan(spec.name, "mix-baseline", engine_name(ROLE_FEATURE_OFF, mode),
-                               phase_of("mix-baseline", "baseline"), lambda limits: trace_estimate(requests, limits)))
+                               phase_of("mix-baseline", PHASE_BASELINE), lambda limits: trace_estimate(requests, limits)))
     return plans
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratebench.analysis import overhead as overhead_analysis
 from ratebench.analysis.thresholds import phase_params
 from ratebench.profiles import REQUIRED, Kind, Limits, ScenarioSpec, register
+from ratebench.roles import OVERHEAD_ROLE_OF_ENGINE
 from ratebench.scenarios.base import (
     ROLE_FEATURE_OFF, ROLE_FEATURE_ON, ROLE_NO_EVENTS, ROLE_STOCK, EngineRef, PhaseEstimate, PhasePlan,
     ScenarioContext, engine_name, phase_salt, streams_of_user,
@@ -35,9 +35,7 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
     The events-off engine runs in the first scheduling mode only (one engine more per mode costs
     memory, or restarts where ``profile.max_engines`` is small)."""
     p = spec.params
-    # engine role -> the phase role the overhead analysis pairs by
-    role_names = {ROLE_FEATURE_ON: overhead_analysis.ROLE_ON, ROLE_NO_EVENTS: overhead_analysis.ROLE_NO_EVENTS,
-                  ROLE_FEATURE_OFF: overhead_analysis.ROLE_OFF, ROLE_STOCK: overhead_analysis.ROLE_STOCK}
+    role_names = OVERHEAD_ROLE_OF_ENGINE  # engine role -> the phase role the overhead analysis pairs by
 
     def phase_of(phase: str, role: str, rnd: int, mode: str):
         async def run(ctx: ScenarioContext, engine: EngineRef) -> None:

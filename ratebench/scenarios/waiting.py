@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from ratebench.analysis.waiting import ROLE_IDLE, ROLE_STEPS, ROLE_WAITING
 from ratebench.profiles import REQUIRED, Kind, Limits, ScenarioSpec, register
+from ratebench.roles import PHASE_IDLE, PHASE_STEPS, PHASE_WAITING
 from ratebench.scenarios.base import (
     ROLE_FEATURE_ON, EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, engine_name, phase_salt,
     streams_of_user,
@@ -51,13 +51,13 @@ def waiting(spec: ScenarioSpec) -> list[PhasePlan]:
         spacing = [0.3 * k for k in range(p["probes"])]
         reqs = await probes(ctx, engine, phase_salt(ctx, engine, "idle probe"), spacing)
         await ctx.phase(engine, "idle", reqs, {probe_user: {"streams": p["probes"], "backlogged": False}},
-                        role=ROLE_IDLE)
+                        role=PHASE_IDLE)
 
     async def busy(ctx: ScenarioContext, engine: EngineRef) -> None:
         reqs = await streams_of_user(ctx, engine, probe_user, p["streams"], p["busy_max_tokens"],
                                      phase_salt(ctx, engine, "busy"))
         await ctx.phase(engine, "busy", reqs, {probe_user: {"streams": p["streams"], "backlogged": False}},
-                        role=ROLE_STEPS)
+                        role=PHASE_STEPS)
 
     async def throttled(ctx: ScenarioContext, engine: EngineRef) -> None:
         salt = phase_salt(ctx, engine, "waiting")
@@ -71,7 +71,7 @@ def waiting(spec: ScenarioSpec) -> list[PhasePlan]:
         await ctx.phase(engine, "waiting", reqs, {
             user: {"streams": p["streams"] + p["cancels"], "backlogged": True},
             probe_user: {"streams": p["probes"], "backlogged": False},
-        }, role=ROLE_WAITING, params={"probe_at_s": [round(t, 3) for t in probe_at],
+        }, role=PHASE_WAITING, params={"probe_at_s": [round(t, 3) for t in probe_at],
                                    "cancel_at_s": [round(t, 3) for t in cancel_at]})
 
     def estimate_idle(limits: Limits | None) -> PhaseEstimate:

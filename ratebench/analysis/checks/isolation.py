@@ -22,6 +22,7 @@ from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.analysis.workcons import work_conservation
 from ratebench.events import PhaseRecord
+from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE, PHASE_SHARED
 
 MEANINGS = meanings({
     "isolation-rate": CheckMeaning("4", "a user (in a mix, a tier) whose limit did not bind got fewer tokens per "
@@ -88,9 +89,9 @@ def isolation_checks(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]
         if k is not None:
             records_of.setdefault((k, s.user_of(i, r.user)), []).append(i)
     cache: dict = {}  # engine -> _EngineRequests; ("full", baseline phase index) -> its full share
-    for base in (q for q in run.phases if q.role == "baseline"):
+    for base in (q for q in run.phases if q.role == PHASE_BASELINE):
         shared = [q for q in run.phases if q.scenario == base.scenario
-                  and (q.role == "shared" or (q.kind == "mix" and q.role == "measure"))]
+                  and (q.role == PHASE_SHARED or (q.kind == "mix" and q.role == PHASE_MEASURE))]
         same_engine = [q for q in shared if q.engine == base.engine]
         # the phases on the baseline's engine, else every one of them (a mix on each scheduling
         # mode's limiter-on engine against the one limiter-off baseline)
@@ -339,11 +340,11 @@ def fleet_isolation_checks(run: RunData, th: Thresholds) -> list[Check]:
     groups = fleet_groups(run)
     out: list[Check] = []
     for (scenario, phase, fleet), members in groups.items():
-        if members[0].role != "measure" or not all(run.engines.get(m.engine) is not None
+        if members[0].role != PHASE_MEASURE or not all(run.engines.get(m.engine) is not None
                                                    and run.engines[m.engine].feature for m in members):
             continue
         base_key = next((k for k in groups if k[0] == scenario and k[1] == f"{phase}-baseline"
-                         and groups[k][0].role == "baseline"), None)
+                         and groups[k][0].role == PHASE_BASELINE), None)
         if base_key is None:
             continue
         p, base = _fleet_view(members, fleet), _fleet_view(groups[base_key], base_key[2])
