@@ -29,7 +29,7 @@ from ratebench.engine import (
     wait_ready,
     warm_up,
 )
-from ratebench.events import EngineEntry, EventFileError, read_engine_events
+from ratebench.events import BalancerEntry, EngineEntry, EventFileError, read_engine_events
 from ratebench.manifest import Manifest
 from ratebench.plan import engine_spec, engines_wanted
 from ratebench.procstats import groups_cpu_s, machine_busy_cpu_s
@@ -192,14 +192,13 @@ class EngineSet:
         header = self._fleet_header()
         t0 = time.monotonic()
         folder = self.run_dir / "balancers" / fleet
-        entry = {"kind": "haproxy", "members": members, "config": f"balancers/{fleet}/haproxy.cfg",
-                 "log_file": f"balancers/{fleet}/balancer.log", "user_header": header,
-                 "served_by_header": SERVED_BY_HEADER, "endpoints": None,
-                 "started_monotonic_ns": time.monotonic_ns(), "stopped_monotonic_ns": None}
+        entry = BalancerEntry(kind="haproxy", members=members, config=f"balancers/{fleet}/haproxy.cfg",
+                              log_file=f"balancers/{fleet}/balancer.log", user_header=header,
+                              served_by_header=SERVED_BY_HEADER, started_monotonic_ns=time.monotonic_ns())
         self.manifest.balancers[fleet] = entry
         balancer = start_balancer(servers, folder, list(POLICIES), user_header=header)
         self.balancers[fleet] = balancer
-        entry.update(endpoints=balancer.endpoints, pid=balancer.process.pid)
+        entry.endpoints, entry.pid = dict(balancer.endpoints), balancer.process.pid
         self.manifest.write()
         first = self.running[members[0]]
         self.refs[fleet] = EngineRef(name=fleet, endpoint=first.endpoint, model=first.spec.served_name,
@@ -230,9 +229,10 @@ class EngineSet:
         if balancer is None:
             return
         killed = balancer.stop()
-        entry = self.manifest.balancers.get(fleet, {})
-        entry.update(stopped_monotonic_ns=time.monotonic_ns(), killed_pids=killed,
-                     exit_code=balancer.process.returncode)
+        entry = self.manifest.balancers.get(fleet)
+        if entry is not None:
+            entry.stopped_monotonic_ns, entry.killed_pids = time.monotonic_ns(), list(killed)
+            entry.exit_code = balancer.process.returncode
         self.manifest.write()
 
     # ---- stop -------------------------------------------------------------------------

@@ -309,6 +309,28 @@ ERROR_INTERRUPTED = "interrupted"  # ClientRecord.error of a stream still open w
 
 
 @dataclass
+class BalancerEntry:
+    """One load balancer of ``manifest.json``'s ``balancers`` (a fleet's HAProxy, ratebench/balancer.py):
+    what it fronts and where its files are (written when it starts), its process and how it stopped."""
+
+    kind: str  # "haproxy"
+    members: list[str]  # the engines behind it
+    config: str  # relative to the run folder
+    log_file: str
+    user_header: str  # the header user-hash routing reads
+    served_by_header: str  # the response header naming the engine that served a request
+    endpoints: dict[str, str] | None = None  # routing policy -> URL
+    started_monotonic_ns: int | None = None
+    stopped_monotonic_ns: int | None = None
+    pid: int | None = None
+    killed_pids: list[int] = field(default_factory=list)
+    exit_code: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class EngineEntry:
     """One engine of ``manifest.json``'s ``engines``: what the run asked of it (written when it starts)
     and what became of it (as it runs and stops). Every writer of a run folder, the runner's engine set

@@ -20,7 +20,7 @@ from typing import Any
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.events import ClientRecord, EngineEntry, PhaseRecord, write_client_records
+from ratebench.events import BalancerEntry, ClientRecord, EngineEntry, PhaseRecord, write_client_records
 from ratebench.profiles import Profile
 
 
@@ -82,14 +82,14 @@ class Manifest:
         self.run_dir = run_dir
         self.data: dict[str, Any] = {}
         self.engines: dict[str, EngineEntry] = {}
-        self.balancers: dict[str, dict[str, Any]] = {}
+        self.balancers: dict[str, BalancerEntry] = {}
         self.phases: list[PhaseRecord] = []
 
     def to_json(self) -> dict[str, Any]:
         out = dict(self.data)
         out["engines"] = {name: e.to_json() for name, e in self.engines.items()}
         if self.balancers:
-            out["balancers"] = self.balancers
+            out["balancers"] = {name: b.to_json() for name, b in self.balancers.items()}
         return out
 
     def write(self) -> None:
