@@ -199,6 +199,11 @@ class Run:
 
 
 def _sigterm_as_sigint(signum: int, frame: Any) -> None:
+    """SIGTERM stops a run as Ctrl-C does: partial, engines stopped. A process started in the background
+    (``cmd &``, nohup, a CI script) inherits SIGINT ignored, so raising SIGINT would do nothing there:
+    the run then stops by the same KeyboardInterrupt directly."""
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
+        raise KeyboardInterrupt
     signal.raise_signal(signal.SIGINT)
 
 

@@ -28,6 +28,7 @@ from mutants.broken import (
     HeadPlaceWithoutSlot,
     HeadSlotFromAnyThrottled,
     NoClampToNow,
+    RefusalAdvancesTat,
     StreamsKeepTheirPlaces,
     NeverThrottle,
     NoRefund,
@@ -436,6 +437,16 @@ def test_a_gcra_that_lets_credit_pile_up_while_a_user_pauses_breaks_the_bound(ju
     assert_rejected_by(verdict, {(name, "kv-pressure", "user-a") for name in ("bound-dispatch", "bound-emit")},
                        only=BOUND | {"bound-client", "delivery", "refusal-witness"})
     assert_correct_passes(judged, "kv_pressure", async_scheduling)
+
+
+def test_a_refusal_that_costs_the_user_under_delivers(judged):
+    # each refusal moves the user's TAT a quarter token on: the backlogged user, refused in most steps
+    # while it waits, gets well under its rate, unevenly (never over the bound: the bound checks pass)
+    _, verdict = judged("default_user_streams", RefusalAdvancesTat)
+    assert {("delivery", phase, "user-a") for phase in ("1-stream", "4-streams")} <= failures(verdict), \
+        verdict.summary()
+    assert not {name for name, _, _ in failures(verdict)} & BOUND, verdict.summary()
+    assert check(verdict, "delivery", "4-streams", "user-a").figure < 0.9
 
 
 @SYNC_AND_ASYNC

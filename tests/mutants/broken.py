@@ -64,6 +64,25 @@ class NoClampToNow(Mutant):
         limiter.try_take = try_take
 
 
+class RefusalAdvancesTat(Mutant):
+    """A refused charge still costs the user: each refusal moves its TAT a quarter of a token ahead, so a
+    backlogged user, refused again and again while it waits, falls further behind its rate."""
+
+    name = "refusal-advances-tat"
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+        take = limiter.try_take
+
+        def try_take(user: str, now_ns: int) -> bool:
+            if take(user, now_ns):
+                return True
+            limiter._tat_scaled[user] += NS_PER_S // 4
+            return False
+
+        limiter.try_take = try_take
+
+
 class BudgetPerRequest(Mutant):
     """One budget per request: every request is charged to a user named after itself."""
 
