@@ -13,6 +13,8 @@ Measured on the 2-core development VM (shared with other jobs), 10,020,000 event
 20,000 requests, 5,010,000 client chunks, without plots, the same run folder
 (``--dir DIR --reuse``):
 
+* 2026-12-06, the code of 4f56a64 on the same folder, load average 0.7 to 0.8, two runs: 4.29 and 4.43 s
+  in all (4.4 to 4.5 s CPU); verdict PASS, 17,007 checks.
 * 2026-12-06, the code of 67bfa5b on the same folder, a quiet machine (load average 0.7), three runs: 4.63 to
   4.92 s in all (4.8 to 5.0 s CPU, 0.8 to 0.9 s of it system time for 185,000 page faults); reading
   0.71 s, engine side 2.5 s, witness 0.63 s, client side 0.37 s, checks 0.27 s (17,007), verdict.json
