@@ -28,6 +28,12 @@ class ModelChoice:
     local_dir: Path | None  # the folder, when path is one that exists
     present: bool  # the folder is complete, the id is in the local cache, the tiny model is generated
     detail: str  # what was found, in words
+    cached_dir: Path | None = None  # a Hugging Face id in the local cache: its snapshot folder
+
+    @property
+    def files_dir(self) -> Path | None:
+        """The folder holding the model's files (config, tokenizer), where one is at hand."""
+        return self.local_dir or self.cached_dir
 
 
 def hf_hub_cache() -> Path:
@@ -98,7 +104,7 @@ def model_choice(profile: Profile, override: str | None = None) -> ModelChoice:
         return ModelChoice(path, source, None, False, "a local folder that does not exist")
     cached = hf_cached_folder(path)
     if cached is not None:
-        return ModelChoice(path, source, None, True, f"a Hugging Face id, in the local cache ({cached})")
+        return ModelChoice(path, source, None, True, f"a Hugging Face id, in the local cache ({cached})", cached)
     return ModelChoice(path, source, None, False,
                        f"a Hugging Face id, not in the local cache ({hf_hub_cache()}); engines run with "
                        f"HF_HUB_OFFLINE=1: download it first or pass --model FOLDER")

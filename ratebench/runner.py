@@ -30,7 +30,7 @@ from ratebench.engine import EngineError
 from ratebench.engineset import EXTERNAL_ENGINE, AttachError, EngineSet
 from ratebench.events import PhaseRecord
 from ratebench.manifest import Manifest
-from ratebench.models import SOURCE_TINY, hf_cached_folder, model_choice, model_max_len, stop_token_ids
+from ratebench.models import SOURCE_TINY, model_choice, model_max_len, stop_token_ids
 from ratebench.plan import plan_phases, scenarios_for
 from ratebench.profiles import Profile
 from ratebench.scenarios import ScenarioContext, fleet_members
@@ -136,7 +136,7 @@ class Run:
         self.manifest.data["model_path"] = choice.path
         # where the model's answers end by themselves, and how long they may grow: what reconciliation holds
         # an answer's finish against (an answer cut short says "stop" or "length" all the same)
-        folder = choice.local_dir or hf_cached_folder(choice.path)
+        folder = choice.files_dir
         if folder is not None:
             self.manifest.data["model_stop_token_ids"] = stop_token_ids(folder)
             self.manifest.data["max_model_len"] = model_max_len(folder, self.profile)

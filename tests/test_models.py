@@ -69,6 +69,7 @@ def test_a_hugging_face_id_is_present_only_when_cached_complete(empty_hf_cache: 
     assert hf_cached_folder("Qwen/Qwen3-8B") == snapshot
     choice = model_choice(profile)
     assert choice.present and choice.path == "Qwen/Qwen3-8B" and str(snapshot) in choice.detail
+    assert choice.files_dir == snapshot  # where the run reads the model's stop tokens
 
 
 def test_the_tiny_model_is_looked_for_not_generated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

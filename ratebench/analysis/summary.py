@@ -100,21 +100,22 @@ def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
                     f"{p.label} {user}: scenarios.json says limit {spec.limit_tps}, the engine's flags give "
                     f"{run.engines[p.engine].limit_of(user)}; checked against {row.limit_tps}")
     phase_of = {p.key: p.index for p in run.phases}
-    if AnswerEnds.of_manifest(run.manifest).stop_token_ids is None and any(
+    ends = AnswerEnds.of_manifest(run.manifest)  # where the model's answers end (reconciliation)
+    if ends.stop_token_ids is None and any(
             r.finish_reason == "stop" for r in run.records):
         summary.warnings.append(
             "answers that ended with 'stop' were not held against the model's stop tokens: the run did not record "
             "them (manifest.json's model_stop_token_ids: a run attached with --endpoint, or one from before)")
     for name in run.traces:
         t0 = time.perf_counter()
-        _summarize_engine(run, name, summary, measure, phase_of)
+        _summarize_engine(run, name, summary, measure, phase_of, ends)
         summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     chunks = _ClientChunks(run.records)
     t1 = time.perf_counter()
     summary.witness = _witness(run, summary, measure, phase_of, chunks)
     summary.stage_s["witness"] = time.perf_counter() - t1
-    _summarize_clients(run, summary, measure, phase_of, chunks)
+    _summarize_clients(run, summary, measure, phase_of, ends, chunks)
     summary.overheads = overhead_summaries(run, phase_of)
     summary.waiting = waiting_summaries(run, summary.rows, summary.request_checks, summary.steps_per_phase)
     summary.warnings.extend(busy_machine_warnings(summary.overheads))
@@ -155,7 +156,8 @@ def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> User
     return summary.rows[key]
 
 
-def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict) -> None:
+def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict,
+                      ends: AnswerEnds) -> None:
     trace = run.traces[name]
     eng = run.engines[name]
     lap = _Laps(summary.stage_s, f"engine {name}: ")
@@ -358,7 +360,6 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                                                for f in dataclasses.fields(totals)})
     after_cancel = None if after_cancel is None else tuple(a.tolist() for a in after_cancel)
     after_finish = tuple(a.tolist() for a in after_finish)
-    ends = AnswerEnds.of_manifest(run.manifest)
     for i, r in enumerate(run.records):
         if r.engine != name:
             continue
@@ -507,10 +508,9 @@ def _witness(run: RunData, summary: RunSummary, measure: Measure, phase_of: dict
     return witness_figures(run, row_of_record, chunks, tolerance)
 
 
-def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict,
+def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict, ends: AnswerEnds,
                        chunks: _ClientChunks | None = None) -> None:
     by_group: dict[tuple[int, str], list] = {}
-    ends = AnswerEnds.of_manifest(run.manifest)
     for i, r in enumerate(run.records):
         p_index = phase_of.get((r.scenario, r.phase, r.engine))
         if p_index is None:

@@ -73,8 +73,6 @@ import numpy as np
 from ratebench.analysis.segments import time_order
 from ratebench.roles import PHASE_IDLE, PHASE_IDLE_BEFORE, PHASE_STEPS, PHASE_WAITING
 
-ROLE_IDLE, ROLE_STEPS, ROLE_WAITING = PHASE_IDLE, PHASE_STEPS, PHASE_WAITING  # ratebench/roles.py
-
 # A phase whose engine waited for budget less than this in all is not judged on its waiting.
 WAIT_MIN_NS = 1_000_000_000
 # manifest.json engines.<name>.loop: "polls" marks an engine whose loop steps at a fixed cadence by
@@ -139,10 +137,10 @@ def cpu_model(idle: PhaseCost, busy: PhaseCost) -> tuple[float, float] | None:
 def waiting_summaries(run, rows: dict, request_checks: dict, steps_per_phase: dict[int, int]) -> list[WaitingSummary]:
     """One summary per (waiting scenario, engine) that ran all three phases."""
     out = []
-    for w in (p for p in run.phases if p.kind == "waiting" and p.role == ROLE_WAITING):
+    for w in (p for p in run.phases if p.kind == "waiting" and p.role == PHASE_WAITING):
         same = [p for p in run.phases if p.scenario == w.scenario and p.engine == w.engine]
-        idle = next((p for p in same if p.role in (ROLE_IDLE, PHASE_IDLE_BEFORE)), None)
-        busy = next((p for p in same if p.role == ROLE_STEPS), None)
+        idle = next((p for p in same if p.role in (PHASE_IDLE, PHASE_IDLE_BEFORE)), None)
+        busy = next((p for p in same if p.role == PHASE_STEPS), None)
         if idle is None or busy is None:
             continue
         costs = [_cost(p, steps_per_phase) for p in (idle, busy, w)]
