@@ -312,7 +312,8 @@ class StreamPool:
         limit_ns = int(self.read_timeout_s * 1e9)
         for conn in list(self.busy):
             if conn.future is not None and not conn.future.done() and now_ns - conn.last_ns > limit_ns:
-                conn._fail(ReadTimeout(f"no data from the server for {self.read_timeout_s:.0f} s"))
+                conn._fail(ReadTimeout(f"stalled: no data from the server for {self.read_timeout_s:g} s "
+                                       "(profile.stall_timeout_s)"))
 
     def close(self) -> None:
         for conn in list(self.idle) + list(self.busy):

@@ -16,6 +16,7 @@ Schema (every key is checked; unknown keys are errors)::
     startup_timeout_s = 300           # engine readiness timeout
     shutdown_grace_s = 20             # SIGINT -> SIGKILL grace period
     max_engines = 1                   # engines alive at once (1 on a GPU: each takes its memory)
+    stall_timeout_s = 60              # a stream that gets no byte for this long is closed as stalled
 
     [model]
     source = "tiny"                   # "tiny": the generated tiny Qwen3; "path": name below
@@ -168,6 +169,10 @@ class Profile:
     engine: EngineFlags
     limits: Limits
     scenarios: list[ScenarioSpec]
+    # a stream that gets no byte from the server for this long is closed and recorded as stalled (an
+    # error its phase's reconciliation names), so a limiter that never wakes a user costs a run this
+    # long per phase, not the client's whole patience
+    stall_timeout_s: float = 60.0
 
     def to_json(self) -> dict[str, Any]:
         """The profile as loaded, as plain JSON (for the manifest)."""
@@ -347,7 +352,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
 
     prof = v.table(data, "profile", optional=True)
     v.keys(prof, "profile", {"name", "description", "device", "scheduling", "startup_timeout_s", "shutdown_grace_s",
-                             "max_engines"})
+                             "max_engines", "stall_timeout_s"})
     name = v.get(prof, "profile", "name", "str", Path(path).stem)
     description = v.get(prof, "profile", "description", "str", "")
     device = v.get(prof, "profile", "device", None, "cpu")
@@ -357,6 +362,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
     startup_timeout_s = float(v.get(prof, "profile", "startup_timeout_s", "pos_num", 600))
     shutdown_grace_s = float(v.get(prof, "profile", "shutdown_grace_s", "pos_num", 20))
     max_engines = v.get(prof, "profile", "max_engines", "pos_int", 1)
+    stall_timeout_s = float(v.get(prof, "profile", "stall_timeout_s", "pos_num", 60))
 
     m = v.table(data, "model")
     v.keys(m, "model", {"source", "name", "served_name", "max_model_len", "dtype"})
@@ -449,6 +455,7 @@ def parse_profile(data: dict[str, Any], path: Path | str) -> Profile:
         name=name, description=description, path=str(path), device=device, scheduling=scheduling,
         startup_timeout_s=startup_timeout_s, shutdown_grace_s=shutdown_grace_s,
         max_engines=max_engines, model=model, engine=engine, limits=limits, scenarios=scenarios,
+        stall_timeout_s=stall_timeout_s,
     )
 
 

@@ -97,6 +97,7 @@ def test_profile_defaults_and_json_round_trip() -> None:
     assert iso.params["lead_s"] == 0.5  # default filled in
     assert iso.scheduling == ["sync", "async"]
     assert next(s for s in prof.scenarios if s.kind == "prefix-cache").scheduling == ["sync"]  # default: the first
+    assert prof.stall_timeout_s == 60.0  # default: a stalled stream is closed after a minute, not five
 
 
 def test_a_path_loads_and_the_name_defaults_to_its_stem(tmp_path: Path) -> None:
@@ -153,6 +154,7 @@ def test_wrong_types_are_refused() -> None:
         (("model", "source"), "hub", "model.source", '"tiny"'),
         (("engine", "extra_args"), "--foo", "engine.extra_args", "a list of strings"),
         (("limits", "default_tps"), True, "limits.default_tps", "a positive integer"),
+        (("profile", "stall_timeout_s"), 0, "profile.stall_timeout_s", "a positive number"),
     ]
     for (table, key), value, full, expected in cases:
         data = _cpu_tiny()

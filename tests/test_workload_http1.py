@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from typing import Awaitable, Callable
 
-from ratebench.workload import sender
 from ratebench.workload import Driver, PhaseContext, StreamRequest
 
 Script = Callable[[asyncio.StreamWriter, dict, int], Awaitable[None]]
@@ -81,15 +81,16 @@ async def serving(script: Script):
         srv.close()
 
 
-def phase(endpoint: str) -> PhaseContext:
-    return PhaseContext(scenario="sc", phase="ph", engine="patched-sync", endpoint=endpoint, model="tiny-qwen3")
+def phase(endpoint: str, stall_timeout_s: float = 60.0) -> PhaseContext:
+    return PhaseContext(scenario="sc", phase="ph", engine="patched-sync", endpoint=endpoint, model="tiny-qwen3",
+                        stall_timeout_s=stall_timeout_s)
 
 
-def run_against(script: Script, requests: list[StreamRequest], **kw):
+def run_against(script: Script, requests: list[StreamRequest], stall_timeout_s: float = 60.0, **kw):
     async def main():
         async with serving(script) as (server, endpoint):
             driver = Driver("ab12", live=False)
-            recs = await driver.run_phase(phase(endpoint), requests, **kw)
+            recs = await driver.run_phase(phase(endpoint, stall_timeout_s), requests, **kw)
             await asyncio.sleep(0.1)  # the server's next write finds a closed connection
             return server, driver, recs
 
@@ -210,16 +211,18 @@ def test_no_server_is_a_connect_error_on_the_record() -> None:
     assert rec.error.startswith("ConnectError") and rec.sent_ns is not None and rec.done_ns is not None
 
 
-def test_a_silent_server_times_out(monkeypatch) -> None:
-    monkeypatch.setattr(sender, "READ_TIMEOUT_S", 0.3)
-
+def test_a_silent_server_times_out_after_the_profiles_stall_timeout() -> None:
     async def script(writer, body, n):
         writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
         await writer.drain()
         await asyncio.sleep(5)
 
-    server, driver, (rec,) = run_against(script, [StreamRequest(user="u", prompt=[1], max_tokens=2)])
+    t0 = time.monotonic()
+    server, driver, (rec,) = run_against(script, [StreamRequest(user="u", prompt=[1], max_tokens=2)],
+                                         stall_timeout_s=0.3)
     assert rec.error.startswith("ReadTimeout") and not rec.cancelled
+    assert "stalled: no data from the server for 0.3 s (profile.stall_timeout_s)" in rec.error
+    assert time.monotonic() - t0 < 4.5  # closed by the stall timeout, not by the server's end
 
 
 def test_the_keep_alive_pool_is_sized_to_the_streams_at_once() -> None:

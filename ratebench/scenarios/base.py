@@ -131,7 +131,8 @@ class ScenarioContext:
         pctx = PhaseContext(scenario=self.spec.name, phase=phase, engine=engine.name,
                             endpoint=engine.routes[route] if route else engine.endpoint, model=engine.model,
                             fleet=engine.name if route else None,
-                            served_by_header=engine.served_by_header if route else None)
+                            served_by_header=engine.served_by_header if route else None,
+                            stall_timeout_s=self.profile.stall_timeout_s)
         limits = {u: self.limit_of(engine, None if u == ANONYMOUS_USER else u) for u in users}
         await self._until_bursts_are_full(engine, limits)
         start_ns = time.monotonic_ns()

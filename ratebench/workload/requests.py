@@ -50,6 +50,8 @@ class PhaseContext:
     # the balancer names the engine that served the request (each record's ``engine``)
     fleet: str | None = None
     served_by_header: str | None = None
+    # a stream that gets no byte for this long is closed as stalled (profile.stall_timeout_s)
+    stall_timeout_s: float = 60.0
 
 
 def request_body(model: str, req: StreamRequest) -> dict[str, Any]:

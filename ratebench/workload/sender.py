@@ -21,7 +21,6 @@ from ratebench.workload.prompts import PromptMaker
 from ratebench.workload.requests import PhaseContext, StreamRequest, request_body
 from ratebench.workload.sse import ChunkReader, ssl_context
 
-READ_TIMEOUT_S = 300.0
 
 
 class StreamSender:
@@ -115,10 +114,10 @@ class StreamSender:
     def open_client(self, ctx: PhaseContext, streams: int) -> "httpx.AsyncClient | StreamPool":
         """The phase's client: a keep-alive pool for ``streams`` at once (httpx over a test transport)."""
         if self.transport is not None:
-            timeout = httpx.Timeout(connect=30.0, read=READ_TIMEOUT_S, write=30.0, pool=None)
+            timeout = httpx.Timeout(connect=30.0, read=ctx.stall_timeout_s, write=30.0, pool=None)
             return httpx.AsyncClient(timeout=timeout, transport=self.transport, verify=ssl_context(),
                                      limits=httpx.Limits(max_connections=None, max_keepalive_connections=streams))
-        return StreamPool(ctx.endpoint, max_idle=streams, read_timeout_s=READ_TIMEOUT_S,
+        return StreamPool(ctx.endpoint, max_idle=streams, read_timeout_s=ctx.stall_timeout_s,
                           ssl_context=ssl_context() if ctx.endpoint.startswith("https:") else None)
 
     async def run_records(self, ctx: PhaseContext, requests: list[StreamRequest], records: list[ClientRecord],
