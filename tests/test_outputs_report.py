@@ -10,7 +10,7 @@ import pytest
 
 from ratebench.outputs.format import in_rounds
 from ratebench.outputs.markdown import render_report
-from ratebench.outputs.plots import write_plots
+from ratebench.outputs.exporters import EXPORTERS, Output
 from synth import standard_run
 from ratebench.verify import analyse_run, verify_run
 
@@ -69,7 +69,8 @@ def test_a_failing_overhead_round_keeps_its_row_and_gets_its_own_plot(tmp_path):
     report = render_report(verdict)
     assert f"| {broken.scenario}/{broken.phase} | {broken.engine} | {broken.user} |" in report
     assert "The 7 passing phases of the overhead rounds" in report
-    names = {p.name for p in write_plots(result.run, verdict, tmp_path / "run" / "plots")}
+    (plots,) = [e for e in EXPORTERS if e.plots]
+    names = {p.name for p in plots.write(Output(verdict, result.run, tmp_path / "run", []))}
     assert f"{broken.scenario}-{broken.phase}-{broken.engine}.png" in names
     assert "overhead-rounds.png" in names
 

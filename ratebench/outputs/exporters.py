@@ -32,9 +32,14 @@ class Exporter:
 
 
 def _plots(out: Output) -> list[Path]:
+    from ratebench.analysis.plotdata import phase_figures
     from ratebench.outputs import plots
 
-    return plots.write_plots(out.run, out.verdict, out.run_dir / "plots", max_users=out.max_plot_users)
+    # the plots choose what each phase shows; the analysis computes it; the plots draw it
+    chosen = plots.choose(out.run, out.verdict, out.max_plot_users)
+    figures = phase_figures(out.run, chosen, out.verdict.thresholds.spacing_slack_ns)
+    return plots.write_plots(out.run, figures, out.verdict.overheads, out.run_dir / "plots",
+                             max_users=out.max_plot_users)
 
 
 def _json(out: Output) -> list[Path]:

@@ -22,8 +22,9 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from ratebench.analysis.load import RunData  # noqa: E402
-from ratebench.analysis.series import UserSeries, phase_series  # noqa: E402
-from ratebench.analysis.slack import SlackSeries, UserSlack, engine_phase_steps, user_slack  # noqa: E402
+from ratebench.analysis.plotdata import PhaseFigures  # noqa: E402
+from ratebench.analysis.series import UserSeries  # noqa: E402
+from ratebench.analysis.slack import SlackSeries, UserSlack  # noqa: E402
 from ratebench.analysis.verdict import OverheadSummary, UserPhaseSummary, Verdict  # noqa: E402
 from ratebench.outputs.format import group_plot_file, in_rounds, plot_file  # noqa: E402
 from ratebench.outputs.tiers import by_tier, tier_of  # noqa: E402
@@ -82,34 +83,37 @@ def _phases_to_plot(verdict: Verdict, run: RunData) -> dict[int, list[UserPhaseS
     return out
 
 
-def write_plots(run: RunData, verdict: Verdict, out_dir: str | Path, max_users: int = 8) -> list[Path]:
-    """Write one plot per phase (at most ``max_users`` limited users, failing and tightest first; every
-    limited user, by tier, in a phase shown by tier) and one per overhead scenario; PNGs of earlier
-    layouts left in ``out_dir`` are removed."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    run_dir = out_dir.parent
-    written: list[Path] = []
-    steps: dict[str, dict[int, tuple]] = {}
+def choose(run: RunData, verdict: Verdict, max_users: int = 8) -> list[PhaseFigures]:
+    """The phases that get a plot and the users each shows (at most ``max_users`` limited users,
+    failing and tightest first; every limited user, by tier, in a phase shown by tier); their figures
+    are for ``analysis.plotdata.phase_figures`` to fill."""
+    out: list[PhaseFigures] = []
     for p_index, rows in _phases_to_plot(verdict, run).items():
-        p = run.phases[p_index]
         rows = _worst_first(rows)
         tiered = by_tier(rows)
         limited = [r for r in rows if r.limit_tps][: None if tiered else max_users]
         others = [r for r in rows if not r.limit_tps][:max_users]
-        series = phase_series(run, p_index, [r.user for r in limited + others])
-        if not any(len(s.dispatch_t_ns) or len(s.emit_t_ns) or len(s.client_t_ns) for s in series.values()):
-            continue
-        if limited and p.engine not in steps:
-            steps[p.engine] = engine_phase_steps(run, p.engine)
-        slack = {r.user: user_slack(r, series[r.user], steps[p.engine].get(p_index),
-                                    verdict.thresholds.spacing_slack_ns) for r in limited}
+        out.append(PhaseFigures(p_index, run.phases[p_index].label, limited, others, tiered))
+    return out
+
+
+def write_plots(run: RunData, figures: list[PhaseFigures], overheads: list[OverheadSummary], out_dir: str | Path,
+                max_users: int = 8) -> list[Path]:
+    """Draw one plot per phase from its figures (``choose``, then ``analysis.plotdata.phase_figures``)
+    and one per overhead scenario; PNGs of earlier layouts left in ``out_dir`` are removed."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = out_dir.parent
+    written: list[Path] = []
+    for f in figures:
+        p = run.phases[f.phase_index]
         path = run_dir / plot_file(p.scenario, p.phase, p.engine)
-        if tiered:
-            written.append(_tier_figure(path, p.label, limited, (limited + others)[:max_users], series, slack))
+        if f.tiered:
+            tightest = (f.limited + f.others)[:max_users]
+            written.append(_tier_figure(path, f.label, f.limited, tightest, f.series, f.slack))
         else:
-            written.append(_phase_figure(path, p.label, limited, others, series, slack))
-    for o in verdict.overheads:
+            written.append(_phase_figure(path, f.label, f.limited, f.others, f.series, f.slack))
+    for o in overheads:
         if o.round_throughput_tps:
             written.append(_rounds_figure(run_dir / group_plot_file(o.scenario), o))
     for stale in set(out_dir.glob("*.png")) - set(written):
