@@ -67,12 +67,14 @@ import os
 import re
 import struct
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
+from ratebench.phasefacts import PhaseFacts
 from ratebench.roles import PHASE_MEASURE
 
 FILE_MAGIC = b"RBEVFILE"
@@ -543,6 +545,11 @@ class PhaseRecord:
     @property
     def label(self) -> str:
         return f"{self.scenario}/{self.phase}@{self.engine}"
+
+    @cached_property
+    def facts(self) -> PhaseFacts:
+        """What the analysis reads of ``params``, typed (read once, when the phase is done)."""
+        return PhaseFacts.read(self.params)
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from ratebench.analysis.fleet import failover_outcomes
 from ratebench.events import ClientRecord
+from ratebench.phasefacts import Failover
 
 MEMBERS = ["patched-sync.e0", "patched-sync.e1"]
-STOP = {"engine": "patched-sync.e1", "stopped_ns": 1_000, "users_before": ["user-a", "user-b"]}
+STOP = Failover.read({"engine": "patched-sync.e1", "stopped_ns": 1_000, "users_before": ["user-a", "user-b"]})
 
 
 def _rec(n: int, user: str, engine: str, sent: int, **kw) -> ClientRecord:

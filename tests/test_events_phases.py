@@ -70,3 +70,24 @@ def test_an_entry_reads_back_typed_and_writes_back_byte_identical() -> None:
 def test_a_user_entry_that_is_not_one_is_refused_when_read() -> None:
     with pytest.raises(ValueError):
         PhaseUser.read({"limit_tps": "fast"})
+
+
+def test_what_the_analysis_reads_of_params_is_typed_and_round_trips() -> None:
+    from ratebench.phasefacts import KEY_FLEET, BeamProbe, Failover, FleetInfo
+
+    stop = Failover("patched-sync.e1", 1_000, 1.5, ["user-a"])
+    info = FleetInfo("fleet2-sync", "failover", ["patched-sync.e0", "patched-sync.e1"], stop, balancer="haproxy",
+                     served_by_header="X-Ratebench-Engine", requests=12, unserved=1)
+    probe = BeamProbe("chat", "use_beam_search, n 2", 400, "beam search is not supported")
+    params = {"max_tokens": 8, KEY_FLEET: info.to_json(), "beam_search": [probe.to_json()], "round": 2,
+              "scheduling": "async", "kv_usage_max": 0.97, "stream_wait": ["user-a"], "place_share": True,
+              "greedy_answers": True}
+    entry = json.loads(json.dumps({"scenario": "s", "phase": "p", "engine": "e", "users": {}, "params": params}))
+    facts = PhaseRecord.from_json(0, entry).facts
+    assert facts.fleet == info and facts.fleet.failover == stop and facts.beam_search == (probe,)
+    assert (facts.round, facts.scheduling, facts.kv_usage_max, facts.preemptions) == (2, "async", 0.97, None)
+    assert facts.kv_measured and facts.stream_wait == ("user-a",) and facts.place_share and facts.greedy
+    # a phase without them (another kind, or a folder written before one was recorded): the defaults
+    bare = PhaseRecord.from_json(0, {"scenario": "s", "phase": "p", "engine": "e", "users": {}}).facts
+    assert bare.fleet is None and bare.beam_search == () and not bare.kv_measured and not bare.greedy
+    assert FleetInfo.read({"policy": "round-robin"}) is None  # a fleet without a name ties nothing together

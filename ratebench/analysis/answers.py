@@ -41,7 +41,6 @@ from ratebench.analysis.load import RunData
 from ratebench.events import greedy_pair_comparable
 from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE
 
-GREEDY_PARAM = "greedy_answers"
 SNIPPET = 6  # tokens shown either side of the first difference
 # nats a scored token may lie below the limiter-off engine's likeliest and still count as its greedy
 # choice (verify-bound's --answers-logprob-tol; derived in the module's docstring)
@@ -84,12 +83,12 @@ def answer_comparisons(run: RunData, tol: float = DEFAULT_LOGPROB_TOL) -> list[A
     for r in run.records:
         by_phase.setdefault((r.scenario, r.phase, r.engine), []).append(r)
     for base in run.phases:
-        if base.role != PHASE_BASELINE or base.kind != "mix" or not base.params.get(GREEDY_PARAM):
+        if base.role != PHASE_BASELINE or base.kind != "mix" or not base.facts.greedy:
             continue
         off = {(r.user, r.stream_index): r for r in by_phase.get(base.key, [])}
         for p in run.phases:
             if (p.scenario != base.scenario or p.kind != "mix" or p.role != PHASE_MEASURE
-                    or not p.params.get(GREEDY_PARAM)):
+                    or not p.facts.greedy):
                 continue
             cmp = AnswerComparison(p.scenario, p.phase, p.engine, base.phase, base.engine)
             for a in by_phase.get(p.key, []):

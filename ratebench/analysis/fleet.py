@@ -33,6 +33,7 @@ from ratebench.analysis.bound import NS_PER_S, BoundResult, check_bound
 from ratebench.analysis.load import RunData
 from ratebench.analysis.summary import RunSummary
 from ratebench.events import KIND_DISPATCH, KIND_EMIT, PhaseRecord
+from ratebench.phasefacts import Failover
 
 
 @dataclass
@@ -67,7 +68,7 @@ class FleetPhase:
     unserved: list[str] = field(default_factory=list)  # "client id: why" of requests no member served
     unserved_users: list[str | None] = field(default_factory=list)  # the user of each of them
     users: list[FleetUser] = field(default_factory=list)
-    failover: dict | None = None  # {"engine": the member stopped, "stopped_ns", "users_before", ...}
+    failover: Failover | None = None  # the member stopped, when, and the users it had served before
     outcomes: "FailoverOutcomes | None" = None
     # the members' per-user counters on /metrics over the phase (--output-rate-metrics-users):
     # member -> user -> {"granted", "refused"}; None when a member did not export them
@@ -92,10 +93,10 @@ def cut_by_failover(run: RunData) -> set[str]:
     the stop, with an error or finish_reason abort): not reconciled as finished answers."""
     out: set[str] = set()
     for p in run.phases:
-        fo = (p.params.get("fleet") or {}).get("failover") if isinstance(p.params.get("fleet"), dict) else None
-        if not isinstance(fo, dict) or fo.get("engine") != p.engine:
+        fo = p.facts.fleet.failover if p.facts.fleet is not None else None
+        if fo is None or fo.engine != p.engine:
             continue
-        stopped = int(fo.get("stopped_ns") or 0)
+        stopped = fo.stopped_ns
         for r in run.records:
             if (r.scenario, r.phase, r.engine) == p.key and (r.done_ns or 0) >= stopped and (
                     r.error is not None or r.finish_reason in ("abort", "error")):
@@ -103,9 +104,9 @@ def cut_by_failover(run: RunData) -> set[str]:
     return out
 
 
-def failover_outcomes(records: list, members: list[str], failover: dict) -> FailoverOutcomes:
+def failover_outcomes(records: list, members: list[str], failover: Failover) -> FailoverOutcomes:
     out = FailoverOutcomes()
-    stopped, victim = int(failover.get("stopped_ns") or 0), failover.get("engine")
+    stopped, victim = failover.stopped_ns, failover.engine
     for r in records:
         if r.error is None and r.finish_reason in ("length", "stop") and r.completion_tokens is not None and (
                 r.completion_tokens == r.max_tokens or (r.finish_reason == "stop" and not r.ignore_eos)):
@@ -121,7 +122,7 @@ def failover_outcomes(records: list, members: list[str], failover: dict) -> Fail
         else:
             out.lost_silently.append(f"{r.client_id} ({r.user}, {r.engine}): finish_reason {r.finish_reason!r}, "
                                      f"{r.completion_tokens} of {r.max_tokens} tokens, no error")
-    for user in failover.get("users_before") or []:
+    for user in failover.users_before:
         after = sorted({r.engine for r in records if r.user == user and r.engine in members and r.engine != victim
                         and (r.sent_ns or 0) >= stopped})
         if after:
@@ -137,9 +138,8 @@ def fleet_groups(run: RunData) -> dict[tuple[str, str, str], list[PhaseRecord]]:
     """(scenario, phase, fleet) -> the member records of each fleet phase (``params["fleet"]`` ties them)."""
     groups: dict[tuple[str, str, str], list[PhaseRecord]] = {}
     for p in run.phases:
-        info = p.params.get("fleet")
-        if isinstance(info, dict) and info.get("name"):
-            groups.setdefault((p.scenario, p.phase, str(info["name"])), []).append(p)
+        if p.facts.fleet is not None:
+            groups.setdefault((p.scenario, p.phase, p.facts.fleet.name), []).append(p)
     return groups
 
 
@@ -148,16 +148,15 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
     out = []
     for (scenario, phase, fleet), records in fleet_groups(run).items():
         indices = [p.index for p in records]
-        info = run.phases[indices[0]].params["fleet"]
-        members = [str(m) for m in info.get("members") or [run.phases[i].engine for i in indices]]
+        first = run.phases[indices[0]].facts
+        info = first.fleet
+        members = info.members or [run.phases[i].engine for i in indices]
         mine = [r for r in run.records if r.fleet == fleet and r.scenario == scenario and r.phase == phase]
-        fp = FleetPhase(scenario, phase, fleet, str(info.get("policy", "?")), members, len(mine),
-                        failover=info.get("failover") if isinstance(info.get("failover"), dict) else None)
+        fp = FleetPhase(scenario, phase, fleet, info.policy, members, len(mine), failover=info.failover)
         if fp.failover is not None:
             fp.outcomes = failover_outcomes(mine, members, fp.failover)
-        counters = run.phases[indices[0]].params.get("fleet_user_counters")
-        if isinstance(counters, dict) and counters:
-            fp.counters = counters
+        if first.fleet_user_counters is not None:
+            fp.counters = first.fleet_user_counters
         # (a limiter-off fleet, a baseline, counts nothing whatever its flags say)
         fp.counters_asked = any(_asks_for_counters((run.manifest.get("engines") or {}).get(m) or {})
                                 and getattr(run.engines.get(m), "feature", False) for m in members)
@@ -169,7 +168,7 @@ def fleet_phases(run: RunData, s: RunSummary, burst_ns: int) -> list[FleetPhase]
         users = sorted({u for i in indices for u in run.phases[i].users} | {r.user for r in mine if r.user})
         for user in users:
             fu = _fleet_user(run, s, indices, user, [r for r in mine if r.user == user], burst_ns,
-                             fp.failover.get("engine") if fp.failover else None)
+                             fp.failover.engine if fp.failover else None)
             if fu is not None:
                 fp.users.append(fu)
         out.append(fp)

@@ -117,9 +117,9 @@ def _round_labels(phases: list[PhaseRecord]) -> list[str]:
     seen: dict[tuple[str, str], int] = {}
     out = []
     for p in phases:
-        mode = str(p.params.get("scheduling") or "")
+        mode = p.facts.scheduling or ""
         seen[(p.role, mode)] = seen.get((p.role, mode), 0) + 1
-        rnd = p.params.get("round") or seen[(p.role, mode)]
+        rnd = p.facts.round or seen[(p.role, mode)]
         out.append(f"{mode}-{rnd}" if mode else str(rnd))
     return out
 

@@ -72,8 +72,7 @@ def keep_completed_phases(run: RunData) -> tuple[RunData, list[MissingPhase]]:
 
 
 def _fleet_of(p: PhaseRecord) -> str | None:
-    info = p.params.get("fleet")
-    return str(info["name"]) if isinstance(info, dict) and info.get("name") else None
+    return p.facts.fleet.name if p.facts.fleet is not None else None
 
 
 def _cut_by_failover_indices(run: RunData) -> set[int]:

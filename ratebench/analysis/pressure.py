@@ -131,7 +131,7 @@ def stream_wait_users(phase: PhaseRecord) -> list[str]:
     """Whose streams' waits are judged: the users ``params.stream_wait`` names, and every
     backlogged user with a limit and more than one stream (its streams share one budget, so
     one of them can be left behind while the others spend it)."""
-    named = [u for u in phase.params.get("stream_wait") or [] if u in phase.users]
+    named = [u for u in phase.facts.stream_wait if u in phase.users]
     shared = [u for u, spec in phase.users.items()
               if u not in named and spec.backlogged and spec.limit_tps and spec.streams > 1]
     return named + shared
@@ -315,7 +315,7 @@ def fair_shares_by_priority(total_tps: float, limits: dict[str, float], prioriti
 
 def place_shares(run: RunData, phase: PhaseRecord) -> PlaceShares | None:
     """Each user's rate while every user wanted tokens, against its max-min fair share."""
-    if not phase.params.get("place_share"):
+    if not phase.facts.place_share:
         return None
     by_record = _dispatch_by_record(run, phase)
     first_sent: dict[str, int] = {}

@@ -148,6 +148,11 @@ def phase_params(*fields: str) -> dict[str, tuple[str, Any]]:
     return {_BY_FIELD[f].phase_param: (_BY_FIELD[f].phase_type, None) for f in fields}  # type: ignore[misc]
 
 
+def phase_param_of(field: str) -> str | None:
+    """The scenario parameter through which a profile sets threshold ``field`` per phase (None: none)."""
+    return _BY_FIELD[field].phase_param
+
+
 def for_phase(th: Thresholds, field: str, params: dict[str, Any]) -> Any:
     """The threshold ``field`` for a phase whose scenario parameters are ``params``: the command line's
     (``th``) and the phase's (its ``phase_param``, in the option's unit) combined by the row's rule."""

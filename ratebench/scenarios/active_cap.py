@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratebench.phasefacts import KEY_PLACE_SHARE
 from ratebench.profiles import (
     EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
@@ -51,7 +52,7 @@ def active_cap_fairness(spec: ScenarioSpec) -> list[PhasePlan]:
             reqs += await streams_of_user(ctx, engine, u, p["streams"], p["max_tokens"], f"{salt} {u}",
                                           first_index=i * p["streams"])
         await ctx.phase(engine, "cap-equal", reqs, {u: {"streams": p["streams"], "backlogged": False} for u in low},
-                        params={"place_share": True})
+                        params={KEY_PLACE_SHARE: True})
 
     async def with_high(ctx: ScenarioContext, engine: EngineRef, name: str = "cap-high",
                         high_first: bool = False) -> None:
@@ -65,7 +66,7 @@ def active_cap_fairness(spec: ScenarioSpec) -> list[PhasePlan]:
                                       first_index=len(low), delay_s=p["lead_s"], **extra)
         users = {u: {"streams": 1, "backlogged": False} for u in low}
         users[high] = {"streams": p["high_streams"], "backlogged": False}
-        await ctx.phase(engine, name, reqs, users, params={"place_share": True})
+        await ctx.phase(engine, name, reqs, users, params={KEY_PLACE_SHARE: True})
 
     async def with_high_first(ctx: ScenarioContext, engine: EngineRef) -> None:
         await with_high(ctx, engine, "cap-priority", high_first=True)

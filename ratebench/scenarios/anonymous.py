@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratebench.phasefacts import KEY_BEAM_SEARCH
 from ratebench.profiles import ANONYMOUS_USER, REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
     EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, beam_search_probes, on_every_mode, phase_salt,
@@ -83,7 +84,7 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
             users[named] = {"streams": p["named_streams"], "backlogged": True}
         params: dict[str, Any] = {"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]}
         if engine.feature:
-            params["beam_search"] = await beam_search_probes(ctx, engine, named, salt)
+            params[KEY_BEAM_SEARCH] = await beam_search_probes(ctx, engine, named, salt)
         await ctx.phase(engine, "anonymous", reqs, users, params=params)
 
     def estimate(limits: Limits | None) -> PhaseEstimate:

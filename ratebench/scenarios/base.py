@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
 from ratebench.events import PhaseRecord
+from ratebench.phasefacts import KEY_ALONGSIDE, KEY_CLIENT_LOOP_LAG, KEY_FLEET, BeamProbe, Failover, FleetInfo
 from ratebench.procstats import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec
 from ratebench.roles import ENGINE_FEATURE_OFF, ENGINE_FEATURE_ON, ENGINE_NO_EVENTS, ENGINE_STOCK, PHASE_MEASURE
@@ -149,15 +150,15 @@ class ScenarioContext:
             if extra is not None:
                 record.params.update(await extra())
             if side is not None:
-                record.params["alongside"] = await side
+                record.params[KEY_ALONGSIDE] = await side
         finally:
             if side is not None and not side.done():
                 side.cancel()
-            elif side is not None and "alongside" not in record.params and not side.cancelled() \
+            elif side is not None and KEY_ALONGSIDE not in record.params and not side.cancelled() \
                     and side.exception() is None:
-                record.params["alongside"] = side.result()  # interrupted after it ran: keep what it did
+                record.params[KEY_ALONGSIDE] = side.result()  # interrupted after it ran: keep what it did
             record.end_ns = time.monotonic_ns()
-            record.params["client_loop_lag"] = self.driver.last_loop_lag  # how late the driver's loop read bytes
+            record.params[KEY_CLIENT_LOOP_LAG] = self.driver.last_loop_lag  # how late the driver's loop read bytes
             for user in users:
                 self.driver.user_last_phase_end_ns[(engine.endpoint, user)] = record.end_ns
             if cpu_before is not None:
@@ -178,17 +179,16 @@ def _member_records(record: PhaseRecord, fleet: EngineRef, route: str, records: 
     """A fleet's phase as each member engine saw it: one record per member, with the users whose
     requests it served (their streams counted there). ``params["fleet"]`` ties them together."""
     mine = [r for r in records if r.fleet == fleet.name and r.scenario == record.scenario and r.phase == record.phase]
-    info = {"name": fleet.name, "policy": route, "members": list(fleet.members), "balancer": "haproxy",
-            "served_by_header": fleet.served_by_header,
-            "requests": len(mine), "unserved": sum(1 for r in mine if r.engine not in fleet.members),
-            "failover": record.params.pop("alongside", None)}
+    info = FleetInfo(fleet.name, route, list(fleet.members), Failover.read(record.params.pop(KEY_ALONGSIDE, None)),
+                     balancer="haproxy", served_by_header=fleet.served_by_header, requests=len(mine),
+                     unserved=sum(1 for r in mine if r.engine not in fleet.members)).to_json()
     out = []
     for member in fleet.members:
         served = collections.Counter(r.user for r in mine if r.engine == member)
         # streams there: the requests it served (a failover's closed loops: at most the user's streams)
         users = {u: {**entry, "streams": min(served[u], entry.get("streams") or served[u])}
                  for u, entry in record.users.items() if served.get(u)}
-        out.append(replace(record, engine=member, users=users, params={**record.params, "fleet": info}))
+        out.append(replace(record, engine=member, users=users, params={**record.params, KEY_FLEET: info}))
     return out
 
 
@@ -256,7 +256,7 @@ async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str 
         ctx.driver.probes_sent += 1
         headers = {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"}
         status, message = await ctx.driver.post_json(engine.endpoint + path, body, headers)
-        out.append({"api": api, "sent": "use_beam_search, n 2", "status": status, "message": message})
+        out.append(BeamProbe(api, "use_beam_search, n 2", status, message).to_json())
     return out
 
 

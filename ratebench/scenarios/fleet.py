@@ -35,6 +35,7 @@ from dataclasses import replace
 from typing import Any, Awaitable, Callable
 
 from ratebench.engine_metrics import fleet_user_counters
+from ratebench.phasefacts import KEY_FLEET_USER_COUNTERS, Failover
 from ratebench.profiles import (
     FLEET_POLICIES, REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
@@ -96,7 +97,7 @@ async def _user_counters_over_phase(engine: EngineRef) -> Callable[[], Awaitable
                 continue
             old = before.get(member) or {}
             out[member] = {u: {k: v - (old.get(u) or {}).get(k, 0.0) for k, v in c.items()} for u, c in counts.items()}
-        return {"fleet_user_counters": out}
+        return {KEY_FLEET_USER_COUNTERS: out}
     return after
 
 
@@ -187,8 +188,8 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
             ctx.driver.console.print(f"  failover: stopped {victim} {(t_ns - phase_start) / 1e9:.2f} s into the phase "
                                      f"(it served {', '.join(sorted(served.get(victim, ()))) or 'no user yet'})",
                                      highlight=False)
-            return {"engine": victim, "stopped_ns": t_ns, "stopped_after_s": round((t_ns - phase_start) / 1e9, 3),
-                    "users_before": sorted(served.get(victim, ()))}
+            return Failover(victim, t_ns, round((t_ns - phase_start) / 1e9, 3),
+                            sorted(served.get(victim, ()))).to_json()
 
         # not backlogged: a stopped engine's users are cut off mid-answer (delivery is not the question here)
         await ctx.phase(engine, "failover", reqs, {u: {"streams": p["streams"], "backlogged": False}

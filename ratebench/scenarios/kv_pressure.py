@@ -9,6 +9,7 @@ import asyncio
 from typing import Any, Callable
 
 from ratebench.engine_metrics import engine_metrics
+from ratebench.phasefacts import KEY_KV_USAGE_MAX, KEY_PREEMPTIONS, KEY_STREAM_WAIT
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
@@ -90,16 +91,17 @@ def kv_pressure(spec: ScenarioSpec) -> list[PhasePlan]:
             sampler.cancel()
             await asyncio.gather(sampler, return_exceptions=True)
             after = await engine_metrics(engine.endpoint)
-            out: dict[str, Any] = {"kv_usage_max": round(seen["kv_usage_max"], 4) if "kv_usage_max" in seen else None}
+            out: dict[str, Any] = {KEY_KV_USAGE_MAX: round(seen["kv_usage_max"], 4) if "kv_usage_max" in seen
+                                   else None}
             if "num_preemptions" in before and "num_preemptions" in after:
-                out["preemptions"] = int(after["num_preemptions"] - before["num_preemptions"])
+                out[KEY_PREEMPTIONS] = int(after["num_preemptions"] - before["num_preemptions"])
             return out
 
         try:
             await ctx.phase(engine, "kv-shared", reqs, {
                 throttled: {"streams": streams, "backlogged": True},
                 user: {"streams": user_streams, "backlogged": False},
-            }, role=PHASE_SHARED, params={"throttled_max_tokens": throttled_tokens, "stream_wait": [throttled], **sizing},
+            }, role=PHASE_SHARED, params={"throttled_max_tokens": throttled_tokens, KEY_STREAM_WAIT: [throttled], **sizing},
                 extra=figures)
         finally:
             sampler.cancel()

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratebench.analysis.answers import GREEDY_PARAM
 from ratebench.analysis.thresholds import phase_params
 from ratebench.answerscore import score_parted_answers
 from ratebench.mix import CLOSED, TIER_ARRIVALS, mix_requests, tier_of_users, tier_users
+from ratebench.phasefacts import KEY_BEAM_SEARCH, KEY_GREEDY
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
@@ -94,11 +94,11 @@ def mix(spec: ScenarioSpec) -> list[PhasePlan]:
                 return await score_parted_answers(engine.endpoint, engine.model, on, off,
                                                   {q.stream_index: q for q in reqs}, engine.name)
 
-            params: dict[str, Any] = {"trace_duration_s": max(r.at_s for r in requests), GREEDY_PARAM: True}
+            params: dict[str, Any] = {"trace_duration_s": max(r.at_s for r in requests), KEY_GREEDY: True}
             if not engine.feature:
                 # promise 7 at the API: with the limiter off beam search is served (a probe on each API,
                 # done before the phase starts)
-                params["beam_search"] = await beam_search_probes(ctx, engine, None, phase_salt(ctx, engine, phase))
+                params[KEY_BEAM_SEARCH] = await beam_search_probes(ctx, engine, None, phase_salt(ctx, engine, phase))
             await ctx.phase(engine, phase, reqs, mix_phase_users(p, requests), role=role, params=params,
                             extra=score if role == PHASE_BASELINE else None)
         return run

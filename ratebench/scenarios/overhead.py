@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratebench.analysis.thresholds import phase_params
+from ratebench.phasefacts import KEY_ROUND, KEY_SCHEDULING
 from ratebench.profiles import REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.roles import OVERHEAD_ROLE_OF_ENGINE
 from ratebench.scenarios.base import (
@@ -42,7 +43,7 @@ def overhead(spec: ScenarioSpec) -> list[PhasePlan]:
             reqs = await streams_of_user(ctx, engine, p["user"], p["streams"], p["max_tokens"],
                                          phase_salt(ctx, engine, phase))
             await ctx.phase(engine, phase, reqs, {p["user"]: {"streams": p["streams"], "backlogged": False}},
-                            role=role_names[role], params={"round": rnd + 1, "scheduling": mode})
+                            role=role_names[role], params={KEY_ROUND: rnd + 1, KEY_SCHEDULING: mode})
         return run
 
     def estimate(limits: Limits | None) -> PhaseEstimate:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ratebench.phasefacts import KEY_SCHEDULING
 from ratebench.profiles import REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
     ROLE_FEATURE_ON, EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, engine_name, phase_salt,
@@ -35,7 +36,7 @@ def seed_experiment(spec: ScenarioSpec) -> list[PhasePlan]:
             await ctx.phase(engine, phase, reqs, {
                 p["user"]: {"streams": n, "backlogged": True},
                 p["neighbour"]: {"streams": p["neighbour_streams"], "backlogged": True},
-            }, params={"ignore_eos": True, "scheduling": mode})
+            }, params={"ignore_eos": True, KEY_SCHEDULING: mode})
         return run
 
     def estimate_of(n: int) -> Callable[[Limits | None], PhaseEstimate]:

@@ -49,14 +49,14 @@ def beam_search_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Che
     out = []
     for p in run.phases:
         engine = run.engines.get(p.engine)
-        for probe in p.params.get("beam_search") or []:
-            status, message = probe.get("status"), str(probe.get("message") or "")
+        for probe in p.facts.beam_search:
+            status, message = probe.status, probe.message
             if engine is not None and not engine.feature:
                 ok = status == 200 and '"choices"' in message
                 out.append(Check(
                     "beam-search-off-served", p.scenario, p.phase, p.engine, None, status, 200, "==",
                     "HTTP status", ok,
-                    f"a beam search request on the {probe.get('api')} API ({probe.get('sent')}) to the limiter-off "
+                    f"a beam search request on the {probe.api} API ({probe.sent}) to the limiter-off "
                     f"engine: HTTP {status}" + (", served with its choices" if ok else
                                                 "; with the limiter off it must be served as upstream serves it "
                                                 f"(HTTP 200 with its choices): {message[:200]!r}")))
@@ -64,7 +64,7 @@ def beam_search_refused(run: RunData, s: RunSummary, th: Thresholds) -> list[Che
             ok = status == 400 and "beam search" in message.lower()
             out.append(Check(
                 "beam-search-refused", p.scenario, p.phase, p.engine, None, status, 400, "==", "HTTP status", ok,
-                f"a beam search request on the {probe.get('api')} API ({probe.get('sent')}): HTTP {status}"
+                f"a beam search request on the {probe.api} API ({probe.sent}): HTTP {status}"
                 + (", naming beam search" if ok else
                    f"; with the limiter on it must be refused with HTTP 400 naming beam search: {message[:200]!r}")))
     return out

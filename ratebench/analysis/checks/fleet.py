@@ -76,20 +76,20 @@ def _failover(fp, where: str) -> list[Check]:
     another one after the stop."""
     o, fo = fp.outcomes, fp.failover
     visibly = "; ".join(f"{len(ids)} {how}" for how, ids in o.failed_visibly.items()) or "none"
-    head = (f"{where}; {fo.get('engine')} stopped {fo.get('stopped_after_s')} s into the phase: "
+    head = (f"{where}; {fo.engine} stopped {fo.stopped_after_s} s into the phase: "
             f"{fp.requests} requests, {o.completed} completed, failed with what the client sees: {visibly}")
     lost = o.lost_silently
     out = [Check("fleet-failover-lost", fp.scenario, fp.phase, fp.fleet, None, len(lost), 0, "<=", "requests",
                  not lost, head + (f"; lost silently: {lost[0]}" + (f" (and {len(lost) - 1} more)" if len(lost) > 1
                                                                     else "") if lost else "; none lost silently"))]
-    users = fo.get("users_before") or []
+    users = fo.users_before
     moved = "; ".join(f"{u} to {e}" for u, e in o.moved.items()) or "none"
     judged = bool(o.moved or o.not_moved)
-    text = (f"{len(users)} users on {fo.get('engine')} before the stop; served by another engine after it: {moved}"
+    text = (f"{len(users)} users on {fo.engine} before the stop; served by another engine after it: {moved}"
             + (f"; never served again: {', '.join(o.not_moved)}" if o.not_moved else "")
             + (f"; sent nothing after the stop (not judged): {', '.join(o.silent)}" if o.silent else ""))
     if not users:
-        text = f"no user had been served by {fo.get('engine')} before the stop: the failover moved nobody"
+        text = f"no user had been served by {fo.engine} before the stop: the failover moved nobody"
     if not judged:
         text = "not exercised, " + text
     out.append(Check("fleet-failover-moved", fp.scenario, fp.phase, fp.fleet, None, len(o.not_moved), 0, "<=",
@@ -112,10 +112,10 @@ def _fleet(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
         if fo is not None:
             # refusals while the balancer finds the stopped engine gone are the phase's plan, for the users that
             # engine served; a user it never served must see none
-            before = set(fo.get("users_before") or [])
+            before = set(fo.users_before)
             others = [b for b, u in zip(bad, fp.unserved_users) if u not in before]
             passed = not others
-            text = (f"failover ({fo.get('engine')} stopped; its users' refusals judged by fleet-failover-*), "
+            text = (f"failover ({fo.engine} stopped; its users' refusals judged by fleet-failover-*), "
                     f"{len(others)} refused of users it never served: " + text)
             bad = others
         out.append(Check("fleet-served", fp.scenario, fp.phase, fp.fleet, None, len(bad), 0, "<=", "requests",

@@ -9,7 +9,7 @@ from ratebench.analysis.checks.base import CheckMeaning, meanings, per_run
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_OFF, ROLE_ON, ROLE_STOCK
 from ratebench.analysis.summary import RunSummary
-from ratebench.analysis.thresholds import for_phase
+from ratebench.analysis.thresholds import for_phase, phase_param_of
 from ratebench.analysis.verdict import Check, Thresholds
 
 MEANINGS = meanings({
@@ -39,7 +39,7 @@ def overhead(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
 def _scenario_params(run: RunData, scenario: str) -> dict:
     """The parameters of the overhead scenario's phases (the first that states a max_overhead)."""
     for p in run.phases:
-        if p.scenario == scenario and p.params.get("max_overhead") is not None:
+        if p.scenario == scenario and p.params.get(phase_param_of("max_overhead")) is not None:
             return p.params
     return {}
 

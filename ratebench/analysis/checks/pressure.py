@@ -37,8 +37,8 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
     more streams than active places: every user got its fair share of them."""
     out = []
     for p in run.phases:
-        if "kv_usage_max" in p.params or "preemptions" in p.params:
-            usage, preempted = p.params.get("kv_usage_max"), p.params.get("preemptions")
+        if p.facts.kv_measured:
+            usage, preempted = p.facts.kv_usage_max, p.facts.preemptions
             applied = bool(preempted) or (usage is not None and usage >= 0.95)
             out.append(Check(
                 "kv-pressure-applied", p.scenario, p.phase, p.engine, None, preempted, 1, ">=", "preemptions",

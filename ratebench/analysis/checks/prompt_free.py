@@ -33,7 +33,7 @@ def _prompt_free(phase, row: UserPhaseSummary, ids) -> Check | None:
     """Only output tokens are limited: in a long-prompt phase, the p50 time to first token (engine side:
     first emit - sent; client side without events) stays under a quarter of what charging the prompt at
     the user's limit would take (prompt tokens / N / 4)."""
-    prompt_tokens = phase.params.get("prompt_tokens")
+    prompt_tokens = phase.facts.prompt_tokens
     ttft = row.ttft_engine or row.ttft_client
     if phase.kind != "long-prompt" or not row.limit_tps or not prompt_tokens or ttft is None:
         return None
