@@ -35,6 +35,12 @@ class ReadTimeout(HTTPStreamError):
     pass
 
 
+# a client record's error for a stream the server left without a byte for the read timeout (the
+# profile's stall_timeout_s): ``ReadTimeout: stalled: ...``
+STALLED = "stalled: no data from the server"
+STALL_ERROR = f"ReadTimeout: {STALLED}"
+
+
 class RemoteProtocolError(HTTPStreamError):
     pass
 
@@ -312,7 +318,7 @@ class StreamPool:
         limit_ns = int(self.read_timeout_s * 1e9)
         for conn in list(self.busy):
             if conn.future is not None and not conn.future.done() and now_ns - conn.last_ns > limit_ns:
-                conn._fail(ReadTimeout(f"stalled: no data from the server for {self.read_timeout_s:g} s "
+                conn._fail(ReadTimeout(f"{STALLED} for {self.read_timeout_s:g} s "
                                        "(profile.stall_timeout_s)"))
 
     def close(self) -> None:

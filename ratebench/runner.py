@@ -29,6 +29,7 @@ from ratebench.balancer import BalancerError
 from ratebench.engine import EngineError
 from ratebench.engineset import EXTERNAL_ENGINE, AttachError, EngineSet
 from ratebench.events import PhaseRecord
+from ratebench.http1 import STALL_ERROR
 from ratebench.manifest import Manifest
 from ratebench.models import SOURCE_TINY, model_choice, model_max_len, stop_token_ids
 from ratebench.plan import plan_phases, scenarios_for
@@ -45,6 +46,11 @@ EXIT_INTERRUPTED = 130
 
 class RunError(RuntimeError):
     """A run that cannot start (patch, model, endpoint): the message says what to do."""
+
+
+class StalledRun(RuntimeError):
+    """A phase ended with streams the engine left without a byte for the profile's stall_timeout_s: the
+    run stops there (every later phase would wait as long), and the phases run so far are verified."""
 
 
 @dataclass
@@ -179,10 +185,19 @@ class Run:
                                   model_dir=self.model_dir, cpu_probe=engines.cpu_probe,
                                   stop_member=engines.fail_member)
             t0 = time.monotonic()
+            seen = len(self.driver.records)
             try:
                 asyncio.run(plan.run(ctx, engines.refs[plan.engine]))
             finally:
                 self.add_stage(f"scenario {spec.name}", time.monotonic() - t0)
+            stalled = [r for r in self.driver.records[seen:] if (r.error or "").startswith(STALL_ERROR)]
+            if stalled:
+                users = ", ".join(sorted({r.user or "?" for r in stalled}))
+                raise StalledRun(
+                    f"{len(stalled)} stream{'s' * (len(stalled) > 1)} of {spec.name}/{plan.phase} on {plan.engine} "
+                    f"stalled: no byte from the "
+                    f"server for {self.profile.stall_timeout_s:g} s (users {users}); a limiter that never wakes a "
+                    "user fails promise 3, so the run stops here and the phases run so far are verified")
             engines.stop_unneeded({p.engine for _, p in plans[k + 1:]})
 
     def finish(self, state: str, reason: str | None) -> None:
@@ -230,6 +245,9 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
     except EngineError as exc:
         engine_error = exc
         state, reason, code = "partial", f"engine failed: {exc}", EXIT_RUN_FAILED
+    except StalledRun as exc:
+        state, reason, code = "partial", str(exc), EXIT_VERDICT_FAILED
+        console.print(f"[bold red]stopped:[/] {exc}")
     except (RunError, AttachError, WorkloadError, BalancerError) as exc:
         state, reason, code = "partial", str(exc), EXIT_RUN_FAILED
     except Exception as exc:  # noqa: BLE001 - recorded, then re-raised below for the traceback
@@ -251,9 +269,12 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
             signal.signal(signal.SIGTERM, old_term)
     outcome = RunOutcome(run_dir=run.run_dir, state=state, exit_code=code, reason=reason, phases=run.phases,
                          engine_error=engine_error)
-    if state == "complete" and options.verify:
+    if options.verify and (state == "complete" or (state == "partial" and code == EXIT_VERDICT_FAILED)):
+        # a stalled run is verified too, as far as it went: its verdict fails the stalled streams
         t0 = time.monotonic()
-        outcome.verdict, outcome.exit_code = verify_at_end(run.run_dir, console)
+        outcome.verdict, outcome.exit_code = verify_at_end(run.run_dir, console, partial=state == "partial")
+        if state == "partial" and outcome.exit_code == EXIT_OK:
+            outcome.exit_code = EXIT_VERDICT_FAILED  # never a pass: the run did not finish
         run.add_stage("verify (verdict, report, plots)", time.monotonic() - t0)
     elif state == "partial" and options.verify:
         console.print(f"[bold]verify[/]: the run did not complete; `ratebench verify-bound --partial {run.run_dir}` "
@@ -274,14 +295,15 @@ def print_stages(stage_s: dict[str, float], total_s: float, console: Console) ->
     console.print(f"[bold]time[/] {total_s:.0f} s: " + "; ".join(parts), highlight=False)
 
 
-def verify_at_end(run_dir: Path, console: Console) -> tuple[Any, int]:
-    """The verifier's verdict on a complete run, written into the run folder."""
+def verify_at_end(run_dir: Path, console: Console, partial: bool = False) -> tuple[Any, int]:
+    """The verifier's verdict on a complete run (or, ``partial``, on the phases a stopped run ran), written
+    into the run folder."""
     from ratebench import verify
     from ratebench.outputs.exporters import described
 
     console.print(f"[bold]verify[/]: checking the run ({described()})")
     try:
-        verdict = verify.verify_run(run_dir)
+        verdict = verify.verify_run(run_dir, partial=partial)
     except verify.RunFolderError as exc:
         console.print(f"[bold red]the verifier cannot use this run:[/] {exc}")
         return None, EXIT_RUN_FAILED
