@@ -121,6 +121,46 @@ class Manifest:
         }
         self.write()
 
+    @classmethod
+    def synthetic(cls, run_dir: Path, *, run_id: str, profile_name: str, engines: dict[str, EngineEntry],
+                  started_monotonic_ns: int, ended_monotonic_ns: int, state: str = "complete",
+                  partial_reason: str | None = None, machine: dict[str, Any] | None = None,
+                  git_commit: str | None = None, ended_unix_s: float = 0.0) -> Manifest:
+        """The manifest of a run folder made without a run (the tests' synthetic and harness folders), with
+        the fields a run's has; written."""
+        m = cls(run_dir)
+        m.data = {
+            "ratebench_version": __version__, "run_id": run_id, "profile_name": profile_name,
+            "profile": {"name": profile_name}, "state": state, "partial_reason": partial_reason,
+            "started_unix_s": 0.0, "ended_unix_s": ended_unix_s, "started_monotonic_ns": started_monotonic_ns,
+            "ended_monotonic_ns": ended_monotonic_ns, "git_commit": git_commit, "python": "3",
+            "vllm_version": "0.32.0", "patch_sha256": None, "machine": machine or {},
+        }
+        m.engines = dict(engines)
+        m.write()
+        return m
+
+    def record_model(self, path: str | None, stop_token_ids: list[int] | None = None,
+                     max_model_len: int | None = None) -> None:
+        """The model the engines serve; for a model ratebench launches, where its answers end (its stop
+        token ids, its context length: reconciliation's answer-ends rule)."""
+        self.data["model_path"] = path
+        if stop_token_ids is not None or max_model_len is not None:
+            self.data["model_stop_token_ids"] = stop_token_ids
+            self.data["max_model_len"] = max_model_len
+
+    def record_skipped(self, skipped: list[dict[str, str]]) -> None:
+        """Scenarios (or phases) the run leaves out, each with why."""
+        self.data["skipped_scenarios"].extend(skipped)
+
+    def record_plan(self, planned: list[dict[str, str]]) -> None:
+        """Every phase the run will run, in order (``verify-bound --partial`` names those never started)."""
+        self.data["planned_phases"] = planned
+
+    def record_stages(self, stage_s: dict[str, float]) -> None:
+        """Where the run's time went, by stage (seconds)."""
+        self.data["stage_s"] = {k: round(v, 2) for k, v in stage_s.items()}
+
     def warn(self, message: str) -> None:
         """A warning of the whole run (the manifest's ``warnings``); written with the next write."""
         self.data.setdefault("warnings", []).append(message)

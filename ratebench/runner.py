@@ -139,13 +139,13 @@ class Run:
             ensure_tiny_model()
             choice = model_choice(self.profile, self.options.model)
         self.engine_set.model_path, self.model_dir = choice.path, choice.local_dir
-        self.manifest.data["model_path"] = choice.path
         # where the model's answers end by themselves, and how long they may grow: what reconciliation holds
         # an answer's finish against (an answer cut short says "stop" or "length" all the same)
         folder = choice.files_dir
         if folder is not None:
-            self.manifest.data["model_stop_token_ids"] = stop_token_ids(folder)
-            self.manifest.data["max_model_len"] = model_max_len(folder, self.profile)
+            self.manifest.record_model(choice.path, stop_token_ids(folder), model_max_len(folder, self.profile))
+        else:
+            self.manifest.record_model(choice.path)
 
     def check_before_engines(self) -> None:
         """Promise 7 and the limiter's flags, with no engine (``ratebench.prestart``)."""
@@ -157,7 +157,7 @@ class Run:
 
     def scenarios_to_run(self):
         specs, skipped = scenarios_for(self.profile, self.options.endpoint)
-        self.manifest.data["skipped_scenarios"].extend(skipped)
+        self.manifest.record_skipped(skipped)
         return specs
 
     def execute(self) -> None:
@@ -165,11 +165,11 @@ class Run:
         plans = plan_phases(specs)
         # the plan, so that verify-bound --partial can name the phases an interrupted run never started
         # (a fleet's phase is recorded once per member engine)
-        self.manifest.data["planned_phases"] = [
+        self.manifest.record_plan([
             {"scenario": plan.scenario, "phase": plan.phase, "engine": engine}
             for _, plan in plans
             for engine in ([EXTERNAL_ENGINE] if self.options.endpoint is not None else
-                           fleet_members(plan.engine) or [plan.engine])]
+                           fleet_members(plan.engine) or [plan.engine])])
         self.manifest.write()
         engines = self.engine_set
         if self.options.endpoint is not None:
@@ -262,7 +262,7 @@ def run_profile(profile: Profile, options: RunOptions | None = None, console: Co
                 state = "failed"
             for name, seconds in run.engine_set.stage_s.items():
                 run.add_stage(name, seconds)
-            run.manifest.data["stage_s"] = {k: round(v, 2) for k, v in run.stage_s.items()}
+            run.manifest.record_stages(run.stage_s)
             run.finish(state, reason)
         finally:
             signal.signal(signal.SIGINT, old_int)

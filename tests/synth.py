@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ratebench._io import atomic_write_json
+from ratebench.manifest import Manifest
 from ratebench.analysis.overhead import ROLE_NO_EVENTS, ROLE_OFF, ROLE_ON, ROLE_STOCK
 from ratebench.events import (
     ANONYMOUS_USER,
@@ -307,18 +308,12 @@ def write_run_folder(run_dir: str | Path, engines: list[SimEngine], phases: list
             default_tps=e.default_tps if e.feature else None, user_tps=e.user_tps if e.feature else {},
             flags=["--max-num-seqs", "16"], events_file=rel, log_file=f"engines/{e.name}/engine.log",
             endpoint="http://127.0.0.1:0",
-        ).to_json()
-    manifest = {
-        "ratebench_version": "0.1.0", "run_id": run_id, "profile_name": "synthetic",
-        "profile": {"name": "synthetic"}, "state": state,
-        "partial_reason": None if state == "complete" else "interrupted (synthetic)",
-        "started_unix_s": 0.0, "ended_unix_s": 1.0, "started_monotonic_ns": 10**12,
-        "ended_monotonic_ns": max(e.clock_ns for e in engines), "git_commit": "synthetic", "python": "3",
-        "vllm_version": "0.32.0", "patch_sha256": None,
-        "machine": {"hostname": "synthetic", "cpu": "simulated", "cpus": 1, "gpu": None, "platform": "synthetic"},
-        "engines": manifest_engines,
-    }
-    atomic_write_json(run_dir / "manifest.json", manifest)
+        )
+    Manifest.synthetic(
+        run_dir, run_id=run_id, profile_name="synthetic", engines=manifest_engines, state=state,
+        partial_reason=None if state == "complete" else "interrupted (synthetic)", ended_unix_s=1.0,
+        started_monotonic_ns=10**12, ended_monotonic_ns=max(e.clock_ns for e in engines), git_commit="synthetic",
+        machine={"hostname": "synthetic", "cpu": "simulated", "cpus": 1, "gpu": None, "platform": "synthetic"})
     atomic_write_json(run_dir / "scenarios.json", scen)
     write_client_records(run_dir / "requests.jsonl", client)
     return run_dir

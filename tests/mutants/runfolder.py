@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ratebench._io import atomic_write_json
+from ratebench.manifest import Manifest
 from ratebench.events import (
     EngineEntry,
     ENV_VAR,
@@ -338,21 +339,18 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
         # waits its loop makes an empty step every few milliseconds: a polling loop by construction, whose
         # waiting (wait-steps, wait-cpu) is information only (ratebench/analysis/waiting.py, LOOP_POLLS)
         loop="polls",
-    ).to_json()
+    )
     write_run_files(run_dir, ENGINE, engine, scen, records, profile_name="sched-harness",
                     machine={"hostname": "harness", "cpu": "fake clock", "cpus": 1, "gpu": None,
                              "platform": "in-process"})
 
 
-def write_run_files(run_dir: Path, engine_name: str, engine: dict, scenarios: list[dict],
+def write_run_files(run_dir: Path, engine_name: str, engine: EngineEntry | dict, scenarios: list[dict],
                     records: list[ClientRecord], *, profile_name: str, machine: dict | None = None) -> None:
     """scenarios.json, requests.jsonl and a manifest (state "complete") of one engine's run folder."""
     atomic_write_json(run_dir / "scenarios.json", scenarios)
     write_client_records(run_dir / "requests.jsonl", records)
-    atomic_write_json(run_dir / "manifest.json", {
-        "ratebench_version": "0.1.0", "run_id": RUN_ID, "profile_name": profile_name,
-        "profile": {"name": profile_name}, "state": "complete", "partial_reason": None,
-        "started_unix_s": 0.0, "ended_unix_s": 0.0, "started_monotonic_ns": scenarios[0]["start_ns"],
-        "ended_monotonic_ns": scenarios[-1]["end_ns"], "git_commit": None, "python": "3", "vllm_version": "0.32.0",
-        "patch_sha256": None, "machine": machine or {}, "engines": {engine_name: engine},
-    })
+    entry = engine if isinstance(engine, EngineEntry) else EngineEntry.from_json(engine)
+    Manifest.synthetic(run_dir, run_id=RUN_ID, profile_name=profile_name, engines={engine_name: entry},
+                       started_monotonic_ns=scenarios[0]["start_ns"], ended_monotonic_ns=scenarios[-1]["end_ns"],
+                       machine=machine)
