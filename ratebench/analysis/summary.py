@@ -272,6 +272,8 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
         lap("per phase and user: even spacing")
         for k, (p_index, u_code, sl) in enumerate(group_list):
             row = _row(run, summary, p_index, strings[u_code])
+            ps = phase_steps.get(p_index)
+            steps = (ps[0], ps[1]) if ps is not None else None  # the engine's step starts and periods
             tg = t[sl]
             cg = None if c is None else c[sl]
             rg = req[sl]
@@ -281,7 +283,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                 if row.limit_tps:
                     row.bound_dispatch = bound_result(tg, None, row.limit_tps, th.burst_ns, 0)
                     phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_dispatch))
-                row.dispatch_rate = rate_figures(tg, None, row.limit_tps, th.burst_ns)
+                row.dispatch_rate = rate_figures(tg, None, row.limit_tps, th.burst_ns, steps)
                 if row.streams > 1 or (len(rg) and rg.min() != rg.max()):
                     streams = req_stream[rg]
                     by_stream = streams if streams.min() >= 0 else rg
@@ -307,7 +309,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                 if row.limit_tps:
                     row.bound_emit = bound_result(tg, cg, row.limit_tps, th.burst_ns, tol)
                     phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_emit))
-                row.emit_rate = rate_figures(tg, cg, row.limit_tps, th.burst_ns)
+                row.emit_rate = rate_figures(tg, cg, row.limit_tps, th.burst_ns, steps)
                 g = request_gaps[sl]
                 row.gaps_emit_request = gap_stats(g[g >= 0])
                 row.gaps_emit_user = gap_stats(gaps_merged(tg))
