@@ -195,9 +195,9 @@ class Run:
                 users = ", ".join(sorted({r.user or "?" for r in stalled}))
                 raise StalledRun(
                     f"{len(stalled)} stream{'s' * (len(stalled) > 1)} of {spec.name}/{plan.phase} on {plan.engine} "
-                    f"stalled: no byte from the "
-                    f"server for {self.profile.stall_timeout_s:g} s (users {users}); a limiter that never wakes a "
-                    "user fails promise 3, so the run stops here and the phases run so far are verified")
+                    f"stalled: no byte from the server for {self.profile.stall_timeout_s:g} s (users {users}); a "
+                    "limiter that never wakes a user fails promise 3, so the run stops here and the phases run so "
+                    "far are verified")
             engines.stop_unneeded({p.engine for _, p in plans[k + 1:]})
 
     def finish(self, state: str, reason: str | None) -> None:
