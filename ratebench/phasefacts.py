@@ -75,24 +75,22 @@ class FleetInfo:
     name: str
     policy: str
     members: list[str]  # empty when not written: the members are the phases' engines
-    failover: Failover | None = None
     balancer: Any = None
     served_by_header: Any = None
     requests: Any = None
     unserved: Any = None
+    failover: Failover | None = None
 
     @classmethod
     def read(cls, d: Any) -> FleetInfo | None:
         if not isinstance(d, dict) or not d.get("name"):
             return None
         return cls(str(d["name"]), str(d.get("policy", "?")), [str(m) for m in d.get("members") or []],
-                   Failover.read(d.get("failover")), d.get("balancer"), d.get("served_by_header"),
-                   d.get("requests"), d.get("unserved"))
+                   d.get("balancer"), d.get("served_by_header"), d.get("requests"), d.get("unserved"),
+                   Failover.read(d.get("failover")))
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "policy": self.policy, "members": self.members, "balancer": self.balancer,
-                "served_by_header": self.served_by_header, "requests": self.requests, "unserved": self.unserved,
-                "failover": self.failover.to_json() if self.failover is not None else None}
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,8 @@ def test_what_the_analysis_reads_of_params_is_typed_and_round_trips() -> None:
     from ratebench.phasefacts import KEY_FLEET, BeamProbe, Failover, FleetInfo
 
     stop = Failover("patched-sync.e1", 1_000, 1.5, ["user-a"])
-    info = FleetInfo("fleet2-sync", "failover", ["patched-sync.e0", "patched-sync.e1"], stop, balancer="haproxy",
-                     served_by_header="X-Ratebench-Engine", requests=12, unserved=1)
+    info = FleetInfo("fleet2-sync", "failover", ["patched-sync.e0", "patched-sync.e1"], balancer="haproxy",
+                     served_by_header="X-Ratebench-Engine", requests=12, unserved=1, failover=stop)
     probe = BeamProbe("chat", "use_beam_search, n 2", 400, "beam search is not supported")
     params = {"max_tokens": 8, KEY_FLEET: info.to_json(), "beam_search": [probe.to_json()], "round": 2,
               "scheduling": "async", "kv_usage_max": 0.97, "stream_wait": ["user-a"], "place_share": True,

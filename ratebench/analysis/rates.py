@@ -62,18 +62,24 @@ def burst_tokens(limit_tps: int, burst_ns: int = BURST_NS) -> int:
     return (int(limit_tps) * burst_ns) // NS_PER_S + 1
 
 
+def window_heads(t: np.ndarray, cum: np.ndarray | None, limit_tps: int) -> np.ndarray:
+    """For each of a user's time-sorted events j, the most a window ending there holds above N x its
+    length: ``head_j = C_j - N t_j + max over i <= j of (N t_i - C_{i-1})`` (``cum``: cumulative tokens,
+    None: one per event), times relative to the first event to keep the floats small. O(n)."""
+    c = np.arange(1, len(t) + 1) if cum is None else cum
+    before = np.concatenate(([0], c[:-1]))
+    nt = limit_tps * (t - t[0]) / NS_PER_S
+    return c - nt + np.maximum.accumulate(nt - before)
+
+
 def budget_spent_index(t: np.ndarray, cum: np.ndarray | None, limit_tps: int, burst_ns: int
                        ) -> tuple[int, float] | None:
     """The first event at which a window ending there holds N x burst tokens or more above N x its length
     (the user's budget spent but for at most one token of the bound's N x burst + 1), and what was left
-    of it there (N x burst + 1 - head, 0 to 1 token); None if never. ``cum``: cumulative tokens (None:
-    one per event). O(n): ``head_j = C_j - N t_j + max over i <= j of (N t_i - C_{i-1})``."""
+    of it there (N x burst + 1 - head, 0 to 1 token); None if never (``window_heads``)."""
     if not len(t):
         return None
-    c = np.arange(1, len(t) + 1, dtype=np.float64) if cum is None else cum.astype(np.float64)
-    before = np.concatenate(([0.0], c[:-1]))
-    nt = limit_tps * (t - t[0]) / NS_PER_S
-    heads = c - nt + np.maximum.accumulate(nt - before)
+    heads = window_heads(t, cum, limit_tps)
     allowed = limit_tps * burst_ns / NS_PER_S + 1  # the bound's tokens above N x W
     hit = np.flatnonzero(heads >= allowed - 1 - 1e-9)
     if not len(hit):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ratebench.analysis.load import RunData
+from ratebench.analysis.rates import window_heads
 from ratebench.events import KIND_DISPATCH
 
 try:
@@ -72,8 +73,7 @@ def peak_head(dispatch_ns: np.ndarray, limit_tps: int) -> float:
     t = np.asarray(dispatch_ns, dtype=np.int64)
     if not len(t):
         return 0.0
-    x = limit_tps * (t - t[0]) / 1e9 - np.arange(len(t))  # N t_i - i
-    return float((np.arange(1, len(t) + 1) - limit_tps * (t - t[0]) / 1e9 + np.maximum.accumulate(x)).max())
+    return float(window_heads(t, None, limit_tps).max())
 
 
 def refusal_witnesses(run: RunData, burst_ns: int) -> list[RefusalWitness]:

@@ -179,9 +179,10 @@ def _member_records(record: PhaseRecord, fleet: EngineRef, route: str, records: 
     """A fleet's phase as each member engine saw it: one record per member, with the users whose
     requests it served (their streams counted there). ``params["fleet"]`` ties them together."""
     mine = [r for r in records if r.fleet == fleet.name and r.scenario == record.scenario and r.phase == record.phase]
-    info = FleetInfo(fleet.name, route, list(fleet.members), Failover.read(record.params.pop(KEY_ALONGSIDE, None)),
-                     balancer="haproxy", served_by_header=fleet.served_by_header, requests=len(mine),
-                     unserved=sum(1 for r in mine if r.engine not in fleet.members)).to_json()
+    info = FleetInfo(fleet.name, route, list(fleet.members), balancer="haproxy",
+                     served_by_header=fleet.served_by_header, requests=len(mine),
+                     unserved=sum(1 for r in mine if r.engine not in fleet.members),
+                     failover=Failover.read(record.params.pop(KEY_ALONGSIDE, None))).to_json()
     out = []
     for member in fleet.members:
         served = collections.Counter(r.user for r in mine if r.engine == member)
