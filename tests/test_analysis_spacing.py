@@ -50,6 +50,33 @@ def test_windows_where_the_engine_limits_the_user_are_not_judged():
     assert res.worst is None and res.intervals == 0
 
 
+def test_a_user_with_more_streams_than_places_is_held_by_the_engine_not_its_budget():
+    """6 streams at 200 tok/s on an engine of 2 places and 20 ms steps (a prefill beside them): the
+    engine gives the user 2 tokens a step, 100 tok/s, whatever its budget. Counting every waiting
+    stream (6 >= ceil(200 x 0.02) = 4) judged those windows and failed a correct limiter; counted up
+    to the places (2 < 4) they are the engine's. With 10 ms steps (2 tokens due a step) the budget
+    limits again: a limiter that then holds the user to 1 token a step fails."""
+    starts = np.arange(0, 100) * 20 * MS
+    t = np.repeat(starts, 2)
+    req = np.tile([0, 1], 100)
+    t = np.r_[t, starts[0], starts[0], starts[0], starts[0], starts[-1], starts[-1], starts[-1], starts[-1]]
+    req = np.r_[req, 2, 3, 4, 5, 2, 3, 4, 5]  # four more streams waiting from the first step to the last
+    order = np.argsort(t, kind="stable")
+    args = (t[order], req[order], 200, starts, np.full(100, 20 * MS), np.ones(100, dtype=bool))
+    uncapped = check_spacing(*args)
+    assert uncapped.worst is not None and uncapped.worst.deficit_tokens > uncapped.allowance_tokens(SLACK_NS)
+    capped = check_spacing(*args, places=2)
+    assert capped.worst is None and capped.intervals == 0
+    # 10 ms steps, 1 token a step on 2 places: the budget (2 a step), not the engine, was the bound
+    starts = np.arange(0, 200) * 10 * MS
+    t = np.r_[starts, starts[0], starts[-1]]
+    req = np.r_[np.zeros(200, dtype=np.int64), 1, 1]
+    order = np.argsort(t, kind="stable")
+    held = check_spacing(t[order], req[order], 200, starts, np.full(200, 10 * MS), np.ones(200, dtype=bool),
+                         places=2)
+    assert held.intervals >= 1 and held.worst.deficit_tokens > held.allowance_tokens(SLACK_NS)
+
+
 def test_a_long_step_outside_the_judged_runs_does_not_widen_the_allowance():
     """Tokens released in clumps of 3 every 60 ms at 50 tok/s (3 tokens short in each gap) on 5 ms
     steps, after one 80 ms step before the user's first token (a long prefill, say). The allowance is

@@ -40,12 +40,15 @@ def lost_charges(recs: np.ndarray, req_col: np.ndarray, d_req: np.ndarray, e_req
 
 def phase_steps(run: RunData, name: str, latencies) -> dict[int, tuple]:
     """Per phase of the engine: (step starts, periods, whether the engine went straight on, the
-    longest dispatch-to-emit latency, their ``spacing.StepIndex``), for the steps that started in the
-    phase (``steps.step_periods``)."""
+    longest dispatch-to-emit latency, their ``spacing.StepIndex`` with the engine's places from its
+    event file's header), for the steps that started in the phase (``steps.step_periods``)."""
     if isinstance(latencies, str):
         return {}
     emit_t, lat = latencies
     starts, periods, worked = step_periods(emit_t, lat)
+    trace = run.traces.get(name)
+    meta = trace.events.meta if trace is not None else {}
+    places = meta.get("max_num_active_seqs") or meta.get("max_num_seqs")  # None: no cap on a step's requests
     out = {}
     for p in run.phases:
         if p.engine != name:
@@ -55,7 +58,7 @@ def phase_steps(run: RunData, name: str, latencies) -> dict[int, tuple]:
             continue
         at = (emit_t - lat >= p.start_ns) & (emit_t - lat < p.end_ns)
         s, per, w = starts[a:b], periods[a:b], worked[a:b]
-        out[p.index] = (s, per, w, int(lat[at].max()) if at.any() else 0, StepIndex(s, per, w))
+        out[p.index] = (s, per, w, int(lat[at].max()) if at.any() else 0, StepIndex(s, per, w, places=places))
     return out
 
 

@@ -37,7 +37,10 @@ Engine side, per user and phase, for users marked backlogged in
 the user waits for tokens from its first to its last event. Windows are taken
 inside runs of consecutive engine steps at which the user's waiting requests
 could take every token the budget allowed: at least ``ceil(N * period)``
-requests waiting at a step after which the engine went straight on, at least
+requests waiting, counted up to the engine's places (``max_num_active_seqs``: a
+step gives a token to no more requests than that, so a user with more streams
+than places is held to ``places`` tokens a step by the engine), at a step after
+which the engine went straight on, at least
 one at a step after which it waited, and no step longer than the burst (a
 waiting user loses for good what came due more than the burst ago); a run
 also ends where no request of the user waits. Outside those runs (before a
@@ -219,7 +222,8 @@ class StepIndex:
     """The engine's steps of one phase, indexed once so that each user's figures cost O(its own
     requests and runs x log steps), never a pass over every step (``budget_limited_intervals``).
 
-    A step is *too long* for a user with ``w`` requests waiting at limit ``N`` when the engine went
+    A step is *too long* for a user with ``w`` requests waiting (counted up to the engine's places)
+    at limit ``N`` when the engine went
     straight on after it and its period ``p`` exceeds ``min(burst, floor(w * 1e9 / N))`` (exactly
     ``ceil(N p / 1e9) > w`` or ``p > burst``); a step after which the engine waited never is. So one
     key per step (``p``, or a low constant when the engine waited) against one threshold per run of
@@ -227,8 +231,12 @@ class StepIndex:
     negated keys for the first step *not* too long) and of the periods (P over the runs judged).
     """
 
-    def __init__(self, step_start_ns, step_period_ns, step_worked, burst_ns: int = BURST_NS) -> None:
+    def __init__(self, step_start_ns, step_period_ns, step_worked, burst_ns: int = BURST_NS,
+                 places: int | None = None) -> None:
         self.starts = np.asarray(step_start_ns, dtype=np.int64)
+        # the engine's places (``max_num_active_seqs``): at most this many of a user's requests get a
+        # token in one step, however many wait (None: no cap)
+        self.places = None if not places else int(places)
         self.periods = np.asarray(step_period_ns, dtype=np.int64)
         self.worked = np.asarray(step_worked, dtype=bool)
         self.burst_ns = int(burst_ns)
@@ -253,13 +261,14 @@ class StepIndex:
 
 def budget_limited_intervals_scan(req_first_ns: np.ndarray, req_last_ns: np.ndarray, step_start_ns: np.ndarray,
                              step_period_ns: np.ndarray, step_worked: np.ndarray, limit_tps: int,
-                             burst_ns: int = BURST_NS) -> np.ndarray:
+                             burst_ns: int = BURST_NS, places: int | None = None) -> np.ndarray:
     """Runs of consecutive engine steps at which the user could take every token its budget allowed:
     at least ``ceil(N * period)`` of its requests waiting when the engine went straight on to the
     next step (one token per waiting request per step), at least one when it then waited (it waited
     for a budget); a step that kept the engine longer than the burst ends a run (the waiting user
-    loses what was due beyond the burst). Each request waits from its first to its last event. An (m, 2)
-    array of [first step, last step] starts.
+    loses what was due beyond the burst). Waiting requests count up to ``places`` (the engine's
+    ``max_num_active_seqs``: no more of them get a token in one step; None: no cap). Each request
+    waits from its first to its last event. An (m, 2) array of [first step, last step] starts.
 
     The reference: one pass over every step of the phase (O(steps) per user). ``budget_limited_intervals``
     gives the same runs from a :class:`StepIndex` in O(the user's requests and runs x log steps)."""
@@ -268,6 +277,8 @@ def budget_limited_intervals_scan(req_first_ns: np.ndarray, req_last_ns: np.ndar
         return np.empty((0, 2), dtype=np.int64)
     first, last = np.sort(req_first_ns), np.sort(req_last_ns)
     waiting = np.searchsorted(first, s, side="right") - np.searchsorted(last, s, side="left")
+    if places:
+        waiting = np.minimum(waiting, int(places))
     periods = np.asarray(step_period_ns, dtype=np.int64)
     worked = np.asarray(step_worked, dtype=bool)
     need = np.maximum(1, -(-int(limit_tps) * periods // NS_PER_S))
@@ -294,7 +305,7 @@ def budget_limited_intervals(req_first_ns: np.ndarray, req_last_ns: np.ndarray, 
         index = StepIndex(step_start_ns, step_period_ns, step_worked, burst_ns)
     if not index.sorted or int(burst_ns) != index.burst_ns:
         return budget_limited_intervals_scan(req_first_ns, req_last_ns, index.starts, index.periods, index.worked,
-                                             limit_tps, burst_ns)
+                                             limit_tps, burst_ns, index.places)
     first = np.asarray(req_first_ns, dtype=np.int64)
     _, intervals = grouped_intervals(index, np.zeros(len(first), dtype=np.int64), first,
                                      np.asarray(req_last_ns, dtype=np.int64), np.array([int(limit_tps)]))
@@ -335,6 +346,8 @@ def grouped_intervals(index: StepIndex, group: np.ndarray, req_first_ns: np.ndar
     if not len(lo):
         return empty
     lim = np.asarray(limit_tps, dtype=np.int64)[seg_g]
+    if index.places:  # no more than the engine's places get a token in one step
+        wait = np.minimum(wait, index.places)
     bar = np.full(len(lo), index.burst_ns, dtype=np.int64)
     pos_lim = lim > 0
     # ceil(N p / 1e9) <= w  <=>  p <= floor(w 1e9 / N)
@@ -411,6 +424,7 @@ def check_spacing(
     counts: np.ndarray | None = None,
     shift_ns: int = 0,
     index: StepIndex | None = None,
+    places: int | None = None,
 ) -> SpacingResult:
     """Even spacing of one user's time-sorted events (``req``: each event's request) in one phase.
 
@@ -422,6 +436,7 @@ def check_spacing(
     allowed (``budget_limited_intervals``): elsewhere the engine, not the budget, limits it.
     ``index``: the phase's :class:`StepIndex` of these steps, built once per phase by a caller that
     checks many users (then each costs O(its own events and requests), not a pass over the steps).
+    ``places``: the engine's ``max_num_active_seqs`` when no ``index`` is given (the index's own otherwise).
     """
     t = np.asarray(t_ns, dtype=np.int64)
     req = np.asarray(req)
@@ -431,7 +446,7 @@ def check_spacing(
             int(np.max(step_period_ns)) if len(step_period_ns) else 0)
         return SpacingResult(limit_tps, longest + int(shift_ns), 0, 0.0, 0, 0, None)
     if index is None:
-        index = StepIndex(step_start_ns, step_period_ns, step_worked)
+        index = StepIndex(step_start_ns, step_period_ns, step_worked, places=places)
     firsts, lasts = _request_spans(t, req)
     intervals = budget_limited_intervals(firsts, lasts, index.starts, index.periods, index.worked, limit_tps,
                                          index.burst_ns, index=index)
