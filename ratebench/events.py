@@ -66,7 +66,7 @@ import json
 import os
 import re
 import struct
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -297,14 +297,21 @@ class EventFileWriter:
 
 # Client request ids: the driver sends ``X-Request-Id: rb-<run>-<n>``; vLLM turns
 # it into engine ids like ``cmpl-rb-<run>-<n>-0-1a2b3c4d`` or
-# ``chatcmpl-rb-<run>-<n>-1a2b3c4d``. This finds the client id inside.
+# ``chatcmpl-rb-<run>-<n>-1a2b3c4d``, and a request of n > 1 answers into one
+# engine request per answer, ``<index>_cmpl-rb-<run>-<n>-0-1a2b3c4d``. This finds
+# the client id inside.
 CLIENT_ID_RE = re.compile(r"(rb-[0-9a-f]+-[0-9]+)")
+_CHILD_RE = re.compile(r"([0-9]+)_")
 
 
 def client_id_of(engine_request_id: str) -> str | None:
-    """The driver's request id embedded in an engine request id, if any."""
+    """The driver's request id embedded in an engine request id, if any; for one answer of a request of
+    n > 1 (vLLM's child request ``<index>_<id>``), ``<client id>/<index>`` (``ClientRecord.answers``)."""
     m = CLIENT_ID_RE.search(engine_request_id)
-    return m.group(1) if m else None
+    if not m:
+        return None
+    child = _CHILD_RE.match(engine_request_id)
+    return f"{m.group(1)}/{int(child.group(1))}" if child else m.group(1)
 
 
 ERROR_INTERRUPTED = "interrupted"  # ClientRecord.error of a stream still open when the run was interrupted
@@ -427,10 +434,39 @@ class ClientRecord:
     # is then the member engine that served it (the balancer's response header), or the fleet's name
     # when no engine did (refused by the balancer)
     fleet: str | None = None
+    # a request of n > 1 answers (parallel sampling): per answer, in index order, what the client saw of it
+    # ({"index", "chunk_ns", "chunk_tokens", "completion_tokens", "finish_reason", "token_ids"}: its own
+    # usage.completion_tokens counts); the record's own chunk lists are the answers' together and its
+    # completion_tokens the final usage's sum. None: one answer
+    choices: list[dict[str, Any]] | None = None
 
     @property
     def streamed_tokens(self) -> int:
         return int(sum(self.chunk_tokens))
+
+    def answers(self) -> list[ClientRecord]:
+        """One record per answer, as the analysis joins them to the engine's requests: the record itself for
+        a request of one answer; for n > 1, a record per choice, its client id ``<id>/<index>`` (what
+        ``client_id_of`` makes of the engine's child request ``<index>_<engine id>``) and its stream index
+        ``stream_index * 1000 + index``, with that choice's chunks, tokens, finish reason and token ids and
+        the request's times; an error when the final usage is not the choices' sum."""
+        if self.choices is None:
+            return [self]
+        total = sum(int(c.get("completion_tokens") or 0) for c in self.choices)
+        error = self.error
+        if error is None and self.completion_tokens is not None and self.completion_tokens != total:
+            error = (f"the final usage.completion_tokens ({self.completion_tokens}) is not the sum of the "
+                     f"{len(self.choices)} answers' ({total})")
+        out = []
+        for c in self.choices:
+            times = list(c.get("chunk_ns") or [])
+            out.append(replace(
+                self, client_id=f"{self.client_id}/{int(c['index'])}",
+                stream_index=self.stream_index * 1000 + int(c["index"]), chunk_ns=times,
+                chunk_tokens=list(c.get("chunk_tokens") or []), first_token_ns=times[0] if times else None,
+                completion_tokens=None if self.completion_tokens is None else int(c.get("completion_tokens") or 0),
+                finish_reason=c.get("finish_reason"), token_ids=c.get("token_ids"), error=error, choices=None))
+        return out
 
 
 def greedy_pair_comparable(a: ClientRecord, b: ClientRecord) -> bool:

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from mutants import Mutant, Phase, Stream, Workload, run_workload
 from mutants.broken import (
+    AnswersBeyondTheFirstFree,
     BudgetPerRequest,
     Burst1s,
     CleanupForgetsDebt,
@@ -98,6 +99,15 @@ def long_prompts() -> Workload:
         Phase("long-prompt", [Stream("user-a", 20, prompt_len=640) for _ in range(4)], backlogged={"user-a"},
               scenario="long-prompt", kind="long-prompt"),
     ], scheduler_kw=dict(max_num_batched_tokens=64))
+
+
+def parallel_sampling() -> Workload:
+    """Two requests of user-a (20 tok/s) of three answers each ("n": 3): six engine requests of one budget,
+    beside user-b's one stream."""
+    return Workload(default_tps=100, user_tps={"user-a": 20}, phases=[
+        Phase("parallel-sampling", [Stream("user-a", 20, n=3) for _ in range(2)] + [Stream("user-b", 60)],
+              backlogged={"user-a", "user-b"}, scenario="parallel-sampling", kind="parallel-sampling"),
+    ])
 
 
 def long_prompt_closed_loop() -> Workload:
@@ -344,7 +354,7 @@ WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_p
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
                                      isolation_priority, active_places_priority, active_places_high_first,
                                      kv_tiny_priority, kv_growth,
-                                     crowd, crowd_priority, crowd_mix, kv_kept)}
+                                     crowd, crowd_priority, crowd_mix, kv_kept, parallel_sampling)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
                  "crowd_slots": crowd_slots, "unbound_places": unbound_places}
 
@@ -415,6 +425,23 @@ def test_a_one_second_burst_breaks_the_bound(judged, async_scheduling):
     # a whole second's budget at the start: 21 tokens where 0.1 s * 20 + 1 = 3 may go at once
     assert check(verdict, "bound-dispatch", "1-stream", "user-a").figure <= -15
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_answers_beyond_a_requests_first_with_a_budget_of_their_own_break_the_bound(judged, async_scheduling):
+    """A request of three answers is three engine requests; a limiter that charges only the first to the
+    user (each other answer keyed to a budget of its own, its events still naming the user) hands user-a
+    three times its rate. Judged per answer, joined to its own engine request: the bound fails at once;
+    before requests of several answers were read per answer, no scenario sent one."""
+    _, verdict = judged("parallel_sampling", AnswersBeyondTheFirstFree, async_scheduling=async_scheduling)
+    assert {("bound-dispatch", "parallel-sampling", "user-a"), ("bound-emit", "parallel-sampling", "user-a"),
+            ("bound-client", "parallel-sampling", "user-a")} <= failures(verdict), verdict.summary()
+    assert {c.user for c in verdict.failures} <= {"user-a", None}, verdict.summary()
+    assert check(verdict, "bound-dispatch", "parallel-sampling", "user-a").figure <= -20
+    _, correct = judged("parallel_sampling", async_scheduling=async_scheduling)
+    assert correct.passed, correct.summary()
+    assert check(correct, "stream-fairness", "parallel-sampling", "user-a").passed
+    assert "6 finished requests" in check(correct, "reconciliation", "parallel-sampling", "user-a").explanation
 
 
 def test_a_clean_up_that_forgets_backlogged_users_breaks_the_bound(judged):

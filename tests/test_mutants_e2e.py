@@ -141,6 +141,19 @@ def __init__(self, *args, **kwargs):
 module.Request.__init__ = __init__
 '''
 
+# the answers of a request of n > 1 beyond the first (vLLM's child requests <index>_<id>) lose their user
+ANSWERS_LOSE_THEIR_USER = '''
+shipped = module.Request.__init__
+
+def __init__(self, *args, **kwargs):
+    shipped(self, *args, **kwargs)
+    head = self.request_id.split("_", 1)[0]
+    if head.isdigit() and head != "0":
+        self.output_rate_user = "__anonymous__"
+
+module.Request.__init__ = __init__
+'''
+
 # the EngineCore polls its input queue instead of blocking on it while users wait for budget
 POLLING_WAIT = '''
 def poll(self, timeout_s):
@@ -348,6 +361,23 @@ def test_an_engine_that_keeps_a_budget_per_priority_fails_identity(tmp_path, tin
     assert anon.figure == 1, anon.explanation  # spoof_streams = 4: the fifth channel (priority 1) unused
     named = next(c for c in verdict.failures if (c.name, c.user) == ("identity", "user-b"))
     assert named.figure == 2 and "charged to user-b/priority1" in named.explanation, named.explanation
+
+
+def test_an_engine_whose_parallel_answers_lose_their_user_fails_identity(tmp_path, tiny_model):
+    """A request of three answers is three engine requests; an engine that charges the second and third to
+    the anonymous user (a user attached to the request's first answer only) gives user-a three answers
+    for the price of one. Before the client read each answer apart, no scenario sent such a request."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.request": ANSWERS_LOSE_THEIR_USER}, """
+[[scenarios]]
+kind = "parallel-sampling"
+user = "user-a"
+requests = 2
+n = 3
+max_tokens = 20
+""")
+    assert ("identity", "user-a") in _failed(verdict), verdict.summary()
+    (ident,) = [c for c in verdict.failures if (c.name, c.user) == ("identity", "user-a")]
+    assert ident.figure == 4 and "charged to __anonymous__" in ident.explanation, ident.explanation
 
 
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):

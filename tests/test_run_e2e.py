@@ -96,6 +96,13 @@ max_tokens = 256
 api = "chat"
 
 [[scenarios]]
+kind = "parallel-sampling"
+user = "user-a"                  # 100 tok/s over 4 answers on 2 places: the budget binds
+requests = 2
+n = 2
+max_tokens = 20
+
+[[scenarios]]
 kind = "anonymous-and-spoofing"
 streams = 1
 spoof_streams = 5
@@ -309,7 +316,8 @@ ENGINES_WITHOUT_EVENTS = ("stock-sync", "patched-noevents-sync")
 
 
 def _records(outcome):
-    return read_client_records(outcome.run_dir / "requests.jsonl")
+    """The client's records, one per answer (a request of n answers is n engine requests)."""
+    return [a for r in read_client_records(outcome.run_dir / "requests.jsonl") for a in r.answers()]
 
 
 def _finishes(outcome) -> dict[str, tuple[str, int, str]]:
@@ -392,6 +400,19 @@ def test_users_reach_the_engine_as_sent_and_no_other_channel_changes_them(small_
     assert len({r.spoof for r in spoofed}) == 5 and {r.api for r in spoofed} == {"completions", "chat"}
     assert sum("priority" in r.spoof for r in spoofed) == 2
     assert all(finishes[r.client_id][2] == ANONYMOUS_USER for r in spoofed)
+
+
+def test_a_request_of_several_answers_is_one_engine_request_per_answer_each_charged_to_its_user(small_run) -> None:
+    outcome, _ = small_run
+    finishes = _finishes(outcome)
+    sent = [r for r in read_client_records(outcome.run_dir / "requests.jsonl") if r.scenario == "parallel-sampling"]
+    assert len(sent) == 2
+    for r in sent:
+        assert [c["index"] for c in r.choices] == [0, 1] and r.completion_tokens == 2 * r.max_tokens
+        assert r.streamed_tokens == r.completion_tokens and r.token_ids is None
+        for a in r.answers():
+            assert a.completion_tokens == a.streamed_tokens == r.max_tokens and len(a.token_ids) == r.max_tokens
+            assert finishes[a.client_id] == ("length", r.max_tokens, "user-a"), a.client_id
 
 
 def test_long_prompts_eos_and_prefix_cache_send_what_they_say(small_run) -> None:

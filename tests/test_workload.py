@@ -72,6 +72,58 @@ def test_every_chunk_counts_the_tokens_of_its_usage_delta() -> None:
     assert seen[0].url.path == "/v1/completions"
 
 
+def choice_chunk(index: int, total: int, ids: list[int], finish: str | None = None) -> bytes:
+    """A chunk of one answer of a request of n > 1, as vLLM streams it: its usage counts that answer's tokens."""
+    return sse({"choices": [{"index": index, "text": "x", "finish_reason": finish, "token_ids": ids}],
+                "usage": {"prompt_tokens": 4, "completion_tokens": total, "total_tokens": 4 + total}})
+
+
+def test_a_request_of_several_answers_counts_each_answers_tokens() -> None:
+    """n = 2 as vLLM 0.32.0 streams it (seen on the CPU engine): the answers' chunks alternate, each chunk's
+    usage.completion_tokens counts its own answer (1, 1, 2, 2, ...) and the final usage their sum. Read as
+    one answer, the second answer's chunks added nothing (its count never passed the first's) and the
+    request streamed 3 tokens of 6."""
+    async def stream(_req):
+        yield choice_chunk(0, 1, [10])
+        yield choice_chunk(1, 1, [20])
+        yield choice_chunk(0, 2, [11])
+        yield choice_chunk(1, 2, [21])
+        yield choice_chunk(0, 3, [12], finish="length")
+        yield choice_chunk(1, 3, [22], finish="length")
+        yield final(6)
+        yield sse("[DONE]")
+
+    seen: list[httpx.Request] = []
+    driver = Driver("ab12", live=False, transport=server(stream, seen))
+    (rec,) = run(driver, [StreamRequest(user="u", prompt=[1], max_tokens=3, stream_index=2, extra_body={"n": 2})])
+    assert json.loads(seen[0].content)["n"] == 2
+    assert rec.chunk_tokens == [1] * 6 and rec.streamed_tokens == rec.completion_tokens == 6
+    assert rec.token_ids is None
+    assert [(c["index"], c["chunk_tokens"], c["completion_tokens"], c["token_ids"], c["finish_reason"])
+            for c in rec.choices] == [(0, [1, 1, 1], 3, [10, 11, 12], "length"),
+                                      (1, [1, 1, 1], 3, [20, 21, 22], "length")]
+    a, b = rec.answers()
+    assert (a.client_id, b.client_id) == ("rb-ab12-0/0", "rb-ab12-0/1")
+    assert (a.stream_index, b.stream_index) == (2000, 2001)
+    assert a.chunk_ns == rec.chunk_ns[0::2] and b.chunk_ns == rec.chunk_ns[1::2]
+    assert a.first_token_ns == rec.first_token_ns < b.first_token_ns
+    assert (a.completion_tokens, b.token_ids, a.error, a.choices) == (3, [20, 21, 22], None, None)
+    for i, answer in enumerate((a, b)):  # each answer joins its engine request, vLLM's <index>_<id>
+        assert client_id_of(f"{i}_cmpl-rb-ab12-0-0-1a2b3c4d") == answer.client_id
+    # a final usage that is not the answers' sum is an error on every answer (reconciliation fails them)
+    rec.completion_tokens = 7
+    assert all("not the sum" in r.error for r in rec.answers())
+    plain = run(Driver("ab12", live=False, transport=server(lambda _r: _one_answer())),
+                [StreamRequest(user="u", prompt=[1], max_tokens=1)])[0]
+    assert plain.choices is None and plain.answers() == [plain]
+
+
+async def _one_answer():
+    yield chunk(1, finish="length")
+    yield final(1)
+    yield sse("[DONE]")
+
+
 def test_an_event_split_across_socket_reads_is_put_together() -> None:
     async def stream(_req):
         whole = chunk(1) + chunk(2, finish="stop") + final(2) + sse("[DONE]")

@@ -251,6 +251,9 @@ def load_run(run_dir: str | Path, *, require_complete: bool = True) -> RunData:
         records = read_client_records(req_path)
     except EventFileError as exc:
         raise RunFolderError(str(exc)) from exc
+    if any(r.choices is not None for r in records):
+        # a request of n > 1 answers is n engine requests: one record per answer, each joined to its own
+        records = [a for r in records for a in r.answers()]
 
     run = RunData(run_dir, manifest, phases, records, engines, {})
     run_warnings = [w for w in manifest.get("warnings") or [] if isinstance(w, str)]

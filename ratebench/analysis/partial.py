@@ -81,7 +81,8 @@ def _cut_by_failover_indices(run: RunData) -> set[int]:
     from ratebench.analysis.fleet import cut_by_failover
 
     cut = cut_by_failover(run)
-    return {i for i, r in enumerate(run.records) if r.client_id in cut} if cut else set()
+    # an answer of a request of n > 1 answers is cut with its request (``ClientRecord.answers``)
+    return {i for i, r in enumerate(run.records) if r.client_id.partition("/")[0] in cut} if cut else set()
 
 
 def _records_with_finish_event(run: RunData) -> set[int]:

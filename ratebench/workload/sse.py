@@ -32,7 +32,8 @@ class ChunkReader:
     :meth:`finish` turns those into the record's lists once, at the end of the stream.
     """
 
-    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "ids", "buf", "closing", "served_by_header")
+    __slots__ = ("rec", "cancel_after_tokens", "seen", "times", "counts", "ids", "buf", "closing", "served_by_header",
+                 "parts")
 
     def __init__(self, rec: ClientRecord, cancel_after_tokens: int | None, served_by_header: str | None = None) -> None:
         self.rec = rec
@@ -44,6 +45,11 @@ class ChunkReader:
         self.ids: array | None = None  # the answer's token ids (choices[].token_ids), when the server sends them
         self.buf = b""  # an event not complete yet
         self.closing = False  # feed said True because the driver closes the stream (cancel_after_tokens)
+        # a request of n > 1 answers (parallel sampling): each chunk carries one choice, whose
+        # usage.completion_tokens counts that choice's tokens only; per choice index, its
+        # [tokens seen, chunk times, chunk counts, finish reason, token ids]. None until a choice
+        # other than 0 shows up (then choice 0's part is rebuilt from what was read so far)
+        self.parts: dict[int, list] | None = None
 
     def head(self, status: int, headers: Mapping[str, str]) -> None:
         """A fleet's answer names the engine that served it (the balancer's header): the record's engine."""
@@ -98,6 +104,8 @@ class ChunkReader:
             return False
         choices = chunk.get("choices") or []
         usage = chunk.get("usage")
+        if choices and (self.parts is not None or choices[0].get("index", 0)):
+            return self._choice_chunk(choices, usage, t_ns)
         if usage is not None:
             total = int(usage.get("completion_tokens") or 0)
             if rec.prompt_tokens is None and usage.get("prompt_tokens") is not None:
@@ -127,9 +135,56 @@ class ChunkReader:
             return True  # the driver closes the connection: vLLM aborts
         return False
 
+    def _choice_chunk(self, choices: list, usage: dict | None, t_ns: int) -> bool:
+        """A chunk of a request with several answers: tokens counted per choice (each choice's usage counts
+        its own), the request's chunk lists summed over choices."""
+        rec = self.rec
+        parts = self.parts
+        if parts is None:  # the first chunk of a choice other than 0: what was read so far was choice 0's
+            zero = [self.seen, array("q", self.times), array("q", self.counts), rec.finish_reason,
+                    array("q", self.ids) if self.ids is not None else None]
+            parts = self.parts = {0: zero} if self.seen or rec.finish_reason else {}
+        if rec.prompt_tokens is None and usage is not None and usage.get("prompt_tokens") is not None:
+            rec.prompt_tokens = int(usage["prompt_tokens"])
+        for choice in choices:
+            index = int(choice.get("index", 0))
+            part = parts.get(index)
+            if part is None:
+                part = parts[index] = [0, array("q"), array("q"), None, None]
+            if usage is not None and len(choices) == 1:
+                total = int(usage.get("completion_tokens") or 0)
+                if total > part[0]:
+                    if rec.first_token_ns is None:
+                        rec.first_token_ns = t_ns
+                    part[1].append(t_ns)
+                    part[2].append(total - part[0])
+                    self.times.append(t_ns)
+                    self.counts.append(total - part[0])
+                    self.seen += total - part[0]
+                    part[0] = total
+            if choice.get("finish_reason"):
+                part[3] = rec.finish_reason = choice["finish_reason"]
+            ids = choice.get("token_ids")
+            if ids:
+                if part[4] is None:
+                    part[4] = array("q")
+                part[4].extend(ids)
+        if self.cancel_after_tokens is not None and self.seen >= self.cancel_after_tokens:
+            rec.cancelled = True
+            rec.cancel_ns = time.monotonic_ns()
+            self.closing = True
+            return True
+        return False
+
     def finish(self) -> None:
         """The record's chunk lists, once the stream is over."""
         self.rec.chunk_ns = self.times.tolist()
         self.rec.chunk_tokens = self.counts.tolist()
+        if self.parts is not None:
+            self.rec.choices = [
+                {"index": i, "chunk_ns": p[1].tolist(), "chunk_tokens": p[2].tolist(), "completion_tokens": p[0],
+                 "finish_reason": p[3], "token_ids": p[4].tolist() if p[4] is not None else None}
+                for i, p in sorted(self.parts.items())]
+            return  # the request's token ids are its choices' (no one sequence of them)
         if self.ids is not None:
             self.rec.token_ids = self.ids.tolist()

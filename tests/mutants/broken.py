@@ -92,6 +92,18 @@ class BudgetPerRequest(Mutant):
         request.output_rate_user = request.request_id
 
 
+class AnswersBeyondTheFirstFree(Mutant):
+    """A request of n answers is n engine requests (``<index>_<id>``); only the first is charged to the
+    request's user, every other answer to a budget of its own (as a limiter keyed by the parent request, or
+    one that lost the user on the answers vLLM's frontend makes, would). The events name the user."""
+
+    name = "answers-beyond-the-first-free"
+
+    def on_request(self, request) -> None:
+        if not request.request_id.startswith(("0_", "cmpl-")):
+            request.output_rate_user = request.request_id
+
+
 class RollingWindowLimiter(OutputRateLimiter):
     """The seed's first version: up to N tokens in any trailing second.
 

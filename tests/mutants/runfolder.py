@@ -70,6 +70,7 @@ class Stream:
     start_s: float = 0.0  # after the phase starts
     pause_s: float = 0.0  # from one request's last token to sending the next
     priority: int = 0  # the request's priority (the PRIORITY policy: lower first)
+    n: int = 1  # answers per request: n > 1 adds one request per answer, <index>_<id>, as vLLM's frontend does
 
 
 @dataclass
@@ -239,22 +240,25 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
                 if todo[i] == 0 or now < start_ns + round(s.start_s * NS_PER_S):
                     continue
                 if in_flight[i] is not None:
-                    done = rec.finish.get(in_flight[i])
-                    if done is None or now < done[0] + round(s.pause_s * NS_PER_S):
+                    done = [rec.finish.get(r) for r in in_flight[i]]
+                    if None in done or now < max(d[0] for d in done) + round(s.pause_s * NS_PER_S):
                         continue
                 n_request += 1
                 client_id = f"rb-{RUN_ID}-{n_request}"
                 req_id = f"cmpl-{client_id}-0-{rng.getrandbits(32):08x}"
-                request = make_request(req_id, user=s.user, prompt_len=s.prompt_len, max_tokens=s.max_tokens,
-                                       arrival_time=now / NS_PER_S, priority=s.priority)
-                mutant.on_request(request)
-                engine.add(request)
-                rec.requests[req_id] = request
-                user_of_req[req_id] = s.user
+                # a request of n answers: vLLM's frontend adds one engine request per answer, <index>_<id>
+                ids = [req_id] if s.n == 1 else [f"{k}_{req_id}" for k in range(s.n)]
+                for child in ids:
+                    request = make_request(child, user=s.user, prompt_len=s.prompt_len, max_tokens=s.max_tokens,
+                                           arrival_time=now / NS_PER_S, priority=s.priority)
+                    mutant.on_request(request)
+                    engine.add(request)
+                    rec.requests[child] = request
+                    user_of_req[child] = s.user
                 todo[i] -= 1
-                in_flight[i] = req_id
-                phase_requests.append(req_id)
-                client.append(dict(client_id=client_id, req_id=req_id, phase=phase, user=s.user, stream_index=i,
+                in_flight[i] = ids
+                phase_requests.extend(ids)
+                client.append(dict(client_id=client_id, req_ids=ids, phase=phase, user=s.user, stream_index=i,
                                    max_tokens=s.max_tokens, prompt_tokens=s.prompt_len, sent_ns=now,
                                    priority=s.priority))
             if not any(todo) and all(r in rec.finish for r in phase_requests):
@@ -281,7 +285,7 @@ def _drive(engine: Engine, rec: _Recorder, workload: Workload, mutant: Mutant, s
         scen.append({
             "scenario": phase.scenario, "kind": phase.kind, "phase": phase.name, "engine": ENGINE,
             "start_ns": start_ns, "end_ns": end_ns, "role": phase.role,
-            "users": {u: {"limit_tps": workload.limit_of(u), "streams": sum(s.user == u for s in phase.streams),
+            "users": {u: {"limit_tps": workload.limit_of(u), "streams": sum(s.n for s in phase.streams if s.user == u),
                           "backlogged": u in phase.backlogged,
                           **({"tier": phase.tiers[u]} if u in phase.tiers else {})} for u in users},
             "params": {"max_tokens": max(s.max_tokens for s in phase.streams), "ignore_eos": True,
@@ -314,9 +318,16 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
                        async_scheduling: bool, mutant: Mutant) -> None:
     records = []
     for c in client:
-        chunks = rec.chunks.get(c["req_id"], [])
-        t_fin, reason, total = rec.finish[c["req_id"]]
+        ids = c["req_ids"]
+        per = [rec.chunks.get(r, []) for r in ids]
+        chunks = sorted((x for p in per for x in p), key=lambda x: x[0])
+        fins = [rec.finish[r] for r in ids]
+        t_fin, reason, total = max(f[0] for f in fins), fins[-1][1], sum(f[2] for f in fins)
         phase: Phase = c["phase"]
+        # several answers: each its own chunks and total, the request's the answers' together
+        choices = None if len(ids) == 1 else [
+            {"index": k, "chunk_ns": [t for t, _ in p], "chunk_tokens": [n for _, n in p], "completion_tokens": f[2],
+             "finish_reason": f[1], "token_ids": None} for k, (p, f) in enumerate(zip(per, fins))]
         records.append(ClientRecord(
             client_id=c["client_id"], scenario=phase.scenario, phase=phase.name, engine=ENGINE, user=c["user"],
             api="completions", stream_index=c["stream_index"], max_tokens=c["max_tokens"], ignore_eos=True,
@@ -325,7 +336,8 @@ def _write_client_side(run_dir: Path, workload: Workload, client: list[dict], sc
             chunk_ns=[t for t, _ in chunks], chunk_tokens=[n for _, n in chunks], completion_tokens=total,
             finish_reason=reason, http_status=200, priority=c["priority"],
             error=(f"no answer after the phase's {phase.max_s} s of fake time (the client gave up)"
-                   if c["req_id"] in rec.timed_out else None),
+                   if any(r in rec.timed_out for r in ids) else None),
+            choices=choices,
         ))
     (run_dir / "engines" / ENGINE / "engine.log").write_text(
         f"in-process patched scheduler (tests/sched_harness.py), limiter: {mutant.name}\n")
