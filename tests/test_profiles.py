@@ -68,8 +68,8 @@ def test_cpu_tiny_runs_every_scenario_kind_in_sync_async_and_priority() -> None:
         "seed-experiment", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
     # async: where a step in flight changes the limiter's path (closing, chunking, preempting, yielding)
     assert {name for name, m in modes.items() if "async" in m} == {
-        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "waiting", "crowd", "kv-pressure",
-        "active-cap-fairness"}
+        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "parallel-sampling", "waiting", "crowd",
+        "kv-pressure", "active-cap-fairness"}
     assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
     assert prof.limits.limit_of(seed.params["user"]) == 20
     assert prof.limits.limit_of(seed.params["neighbour"]) == 100
