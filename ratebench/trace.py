@@ -222,7 +222,8 @@ def trace_from_records(records: Iterable[ClientRecord], *, scenario: str | None 
     ``max_tokens``, the API, EOS allowed when ``ignore_eos`` was off, and a cancelled stream closed
     after the time it ran (``cancel_ns - sent_ns``). Prompt texts, shared prefixes and spoofing
     fields are not in the records: prompts become token counts of fresh text. Records never sent,
-    and those whose prompt length is unknown (no usage came back), are left out and counted."""
+    those whose prompt length is unknown (no usage came back) and requests of several answers (a
+    trace has no ``n``) are left out and counted."""
     chosen = [r for r in records if (scenario is None or r.scenario == scenario)
               and (phase is None or r.phase == phase) and (engine is None or r.engine == engine)]
     skipped: dict[str, int] = {}
@@ -233,6 +234,8 @@ def trace_from_records(records: Iterable[ClientRecord], *, scenario: str | None 
             why = "never sent (closed while waiting for its start)"
         elif r.prompt_tokens is None or r.prompt_tokens <= 0:
             why = "prompt length unknown (no usage came back)"
+        elif r.choices is not None:
+            why = f"{len(r.choices)} answers a request (n > 1: a trace's requests have one answer each)"
         if why:
             skipped[why] = skipped.get(why, 0) + 1
         else:

@@ -363,6 +363,7 @@ def test_client_records_become_a_trace_of_what_was_sent() -> None:
         _rec(3, sent_ns=None, cancelled=True),  # closed before its start
         _rec(4, prompt_tokens=None, error="HTTP 500"),  # no usage came back
         _rec(5, phase="other"),
+        _rec(6, choices=[{"index": 0}, {"index": 1}]),  # n = 2: a trace has no n
     ]
     made = trace_from_records(recs, phase="ph")
     assert [r.to_json() for r in made.requests] == [
@@ -370,7 +371,8 @@ def test_client_records_become_a_trace_of_what_was_sent() -> None:
         {"at_s": 0.25, "user": "user-a", "prompt": 32, "max_tokens": 50, "cancel_after_s": 0.4},
         {"at_s": 0.5, "user": None, "prompt": 32, "max_tokens": 50, "eos": True, "api": "chat"},
     ]
-    assert sum(made.skipped.values()) == 2
+    assert sum(made.skipped.values()) == 3 and made.skipped["2 answers a request (n > 1: a trace's requests have "
+                                                            "one answer each)"] == 1
     assert len(trace_from_records(recs).requests) == 4  # every phase
 
 
