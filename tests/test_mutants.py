@@ -110,6 +110,15 @@ def parallel_sampling() -> Workload:
     ])
 
 
+def streams_over_places() -> Workload:
+    """user-a (100 tok/s) with 6 streams on 2 active places: more streams than places, so even spacing
+    counts its waiting streams up to the places; at 5 ms steps the places give 400 tok/s and the budget
+    still binds."""
+    return Workload(default_tps=100, user_tps={"user-a": 100}, phases=[
+        Phase("6-streams", [Stream("user-a", 40) for _ in range(6)], backlogged={"user-a"}),
+    ], scheduler_kw=dict(max_num_seqs=8, max_num_active_seqs=2))
+
+
 def long_prompt_closed_loop() -> Workload:
     """One stream of user-a (100 tok/s) sending three 640-token prompts one after the other."""
     return Workload(default_tps=100, user_tps={"user-a": 100}, phases=[
@@ -354,7 +363,8 @@ WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_p
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
                                      isolation_priority, active_places_priority, active_places_high_first,
                                      kv_tiny_priority, kv_growth,
-                                     crowd, crowd_priority, crowd_mix, kv_kept, parallel_sampling)}
+                                     crowd, crowd_priority, crowd_mix, kv_kept, parallel_sampling,
+                                     streams_over_places)}
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
                  "crowd_slots": crowd_slots, "unbound_places": unbound_places}
 
@@ -614,6 +624,18 @@ def test_tokens_released_in_clumps_keep_the_bound_and_fail_even_spacing(judged, 
     short = check(verdict, "even-spacing-dispatch", "4-streams", "user-b")
     assert short.figure >= 5 > short.threshold  # about 100 tok/s x 60 ms short, against 1 + 100 x 10 ms
     assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_clumps_fail_even_spacing_for_a_user_with_more_streams_than_places(judged, async_scheduling):
+    """Even spacing counts a step's waiting streams up to the engine's places (a step gives a token to no
+    more requests than that); where the places can carry the budget, clumps still fail."""
+    _, verdict = judged("streams_over_places", ClumpedRelease, async_scheduling=async_scheduling)
+    assert ("even-spacing-dispatch", "6-streams", "user-a") in failures(verdict), verdict.summary()
+    assert {name for name, _, _ in failures(verdict)} <= SPACING, verdict.summary()
+    short = check(verdict, "even-spacing-dispatch", "6-streams", "user-a")
+    assert short.figure >= 4 > short.threshold, short.explanation
+    assert_correct_passes(judged, "streams_over_places", async_scheduling)
 
 
 @SYNC_AND_ASYNC
