@@ -105,29 +105,30 @@ class ChunkReader:
         choices = chunk.get("choices") or []
         usage = chunk.get("usage")
         if choices and (self.parts is not None or choices[0].get("index", 0)):
-            return self._choice_chunk(choices, usage, t_ns)
-        if usage is not None:
-            total = int(usage.get("completion_tokens") or 0)
-            if rec.prompt_tokens is None and usage.get("prompt_tokens") is not None:
-                rec.prompt_tokens = int(usage["prompt_tokens"])
-            if total > self.seen:
-                if rec.first_token_ns is None:
-                    rec.first_token_ns = t_ns
-                self.times.append(t_ns)
-                self.counts.append(total - self.seen)
-                self.seen = total
-            if not choices:  # the final usage chunk (include_usage)
-                rec.completion_tokens = total
-                if usage.get("prompt_tokens") is not None:
+            self._count_choices(choices, usage, t_ns)  # a request of several answers
+        else:
+            if usage is not None:
+                total = int(usage.get("completion_tokens") or 0)
+                if rec.prompt_tokens is None and usage.get("prompt_tokens") is not None:
                     rec.prompt_tokens = int(usage["prompt_tokens"])
-        for choice in choices:
-            if choice.get("finish_reason"):
-                rec.finish_reason = choice["finish_reason"]
-            ids = choice.get("token_ids")
-            if ids:
-                if self.ids is None:
-                    self.ids = array("q")
-                self.ids.extend(ids)
+                if total > self.seen:
+                    if rec.first_token_ns is None:
+                        rec.first_token_ns = t_ns
+                    self.times.append(t_ns)
+                    self.counts.append(total - self.seen)
+                    self.seen = total
+                if not choices:  # the final usage chunk (include_usage)
+                    rec.completion_tokens = total
+                    if usage.get("prompt_tokens") is not None:
+                        rec.prompt_tokens = int(usage["prompt_tokens"])
+            for choice in choices:
+                if choice.get("finish_reason"):
+                    rec.finish_reason = choice["finish_reason"]
+                ids = choice.get("token_ids")
+                if ids:
+                    if self.ids is None:
+                        self.ids = array("q")
+                    self.ids.extend(ids)
         if self.cancel_after_tokens is not None and self.seen >= self.cancel_after_tokens:
             rec.cancelled = True
             rec.cancel_ns = time.monotonic_ns()
@@ -135,7 +136,7 @@ class ChunkReader:
             return True  # the driver closes the connection: vLLM aborts
         return False
 
-    def _choice_chunk(self, choices: list, usage: dict | None, t_ns: int) -> bool:
+    def _count_choices(self, choices: list, usage: dict | None, t_ns: int) -> None:
         """A chunk of a request with several answers: tokens counted per choice (each choice's usage counts
         its own), the request's chunk lists summed over choices."""
         rec = self.rec
@@ -169,12 +170,6 @@ class ChunkReader:
                 if part[4] is None:
                     part[4] = array("q")
                 part[4].extend(ids)
-        if self.cancel_after_tokens is not None and self.seen >= self.cancel_after_tokens:
-            rec.cancelled = True
-            rec.cancel_ns = time.monotonic_ns()
-            self.closing = True
-            return True
-        return False
 
     def finish(self) -> None:
         """The record's chunk lists, once the stream is over."""
