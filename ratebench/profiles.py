@@ -225,6 +225,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, list) and all(isinstance(x, str) and x != "" for x in v) and len(set(v)) == len(v),
         "a list of distinct user names",
     ),
+    "str_list": (
+        lambda v: isinstance(v, list) and all(isinstance(x, str) and x != "" for x in v),
+        "a list of non-empty strings",
+    ),
     "nonneg_num": (lambda v: _num(v) and v >= 0, "a number >= 0"),
     "fraction": (lambda v: _num(v) and 0 <= v <= 1, "a fraction from 0 to 1"),
     "arrivals": (lambda v: v in ("poisson", "constant"), 'one of ["poisson", "constant"]'),

@@ -154,6 +154,40 @@ def __init__(self, *args, **kwargs):
 module.Request.__init__ = __init__
 '''
 
+# requests with structured outputs (a grammar the structured-output manager compiled) are never charged:
+# their user is a str equal to the request's user (so every record names it) that the limiter lets through
+STRUCTURED_OUTPUTS_FREE_REQUEST = '''
+class _Uncharged(str):
+    pass
+
+shipped_init = module.Request.__init__
+
+def __init__(self, *args, **kwargs):
+    shipped_init(self, *args, **kwargs)
+    if self.use_structured_output:
+        self.output_rate_user = _Uncharged(self.output_rate_user)
+
+module.Request.__init__ = __init__
+'''
+STRUCTURED_OUTPUTS_FREE_LIMITER = '''
+cls = module.OutputRateLimiter
+shipped_take, shipped_refund = cls.try_take, cls.refund
+
+def try_take(self, user, now_ns):
+    if type(user).__name__ == "_Uncharged":
+        if not self.__dict__.get("_mutant_said"):
+            self._mutant_said = True
+            print("ratebench test mutant: structured outputs go uncharged", file=sys.stderr, flush=True)
+        return True
+    return shipped_take(self, user, now_ns)
+
+def refund(self, user):
+    if type(user).__name__ != "_Uncharged":
+        shipped_refund(self, user)
+
+cls.try_take, cls.refund = try_take, refund
+'''
+
 # the EngineCore polls its input queue instead of blocking on it while users wait for budget
 POLLING_WAIT = '''
 def poll(self, timeout_s):
@@ -378,6 +412,26 @@ max_tokens = 20
     assert ("identity", "user-a") in _failed(verdict), verdict.summary()
     (ident,) = [c for c in verdict.failures if (c.name, c.user) == ("identity", "user-a")]
     assert ident.figure == 4 and "charged to __anonymous__" in ident.explanation, ident.explanation
+
+
+def test_an_engine_that_leaves_structured_outputs_uncharged_fails_the_bound(tmp_path, tiny_model):
+    """Every scenario but request-options sends plain requests: a limiter that let requests with a JSON
+    schema, a regex or a choice through uncharged passed them all. Here user-a (20 tok/s) sends one stream
+    per option; the three structured ones run at the engine's speed."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.request": STRUCTURED_OUTPUTS_FREE_REQUEST,
+                                     "vllm.v1.core.sched.output_rate": STRUCTURED_OUTPUTS_FREE_LIMITER}, """
+[[scenarios]]
+kind = "request-options"
+user = "user-a"
+options = ["json-schema", "regex", "choice", "logprobs", "chat"]
+max_tokens = 20
+""")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "structured outputs go uncharged" in logs, "no structured request was charged: the path was not run"
+    failed = _failed(verdict)
+    assert {("bound-emit", "user-a"), ("bound-client", "user-a")} <= failed, verdict.summary()
+    (emit,) = [c for c in verdict.failures if (c.name, c.user) == ("bound-emit", "user-a")]
+    assert emit.figure <= -20, emit.explanation  # about 60 tokens of three streams, where 20 x 1.1 + 1 allowed
 
 
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):

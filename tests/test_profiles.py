@@ -65,11 +65,11 @@ def test_cpu_tiny_runs_every_scenario_kind_in_sync_async_and_priority() -> None:
     # priority heap as the queue) meet a real engine in the main job
     modes = {s.name: s.scheduling for s in prof.scenarios}
     assert {name for name, m in modes.items() if "priority" in m} == {
-        "seed-experiment", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
+        "seed-experiment", "request-options", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
     # async: where a step in flight changes the limiter's path (closing, chunking, preempting, yielding)
     assert {name for name, m in modes.items() if "async" in m} == {
-        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "parallel-sampling", "waiting", "crowd",
-        "kv-pressure", "active-cap-fairness"}
+        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "parallel-sampling", "request-options",
+        "waiting", "crowd", "kv-pressure", "active-cap-fairness"}
     assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
     assert prof.limits.limit_of(seed.params["user"]) == 20
     assert prof.limits.limit_of(seed.params["neighbour"]) == 100
@@ -169,6 +169,22 @@ def test_scenario_parameter_of_the_wrong_type_is_refused() -> None:
     data = _cpu_tiny()
     data["scenarios"][0]["max_tokens"] = 2.5
     _refused(data, "scenarios[0].max_tokens", "a positive integer")
+
+
+def test_request_options_must_be_known_distinct_and_two_at_least() -> None:
+    data = _cpu_tiny()
+    i = next(k for k, s in enumerate(data["scenarios"]) if s["kind"] == "request-options")
+    data["scenarios"][i]["options"] = ["json-schema", "grammar"]
+    err = _refused(data, f"scenarios[{i}].options[1]", 'one of ["json-schema", ')
+    assert "'grammar'" in str(err)
+    data["scenarios"][i]["options"] = ["regex", "regex"]
+    _refused(data, f"scenarios[{i}].options", "each option once")
+    data["scenarios"][i]["options"] = ["regex"]
+    _refused(data, f"scenarios[{i}].options", "two options at least")
+    data["scenarios"][i]["options"] = "regex"
+    _refused(data, f"scenarios[{i}].options", "a list of non-empty strings")
+    data["scenarios"][i]["options"] = ["regex", "chat"]
+    parse_profile(data, "my.toml")
 
 
 def test_rate_zero_or_negative_is_refused() -> None:

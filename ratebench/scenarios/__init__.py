@@ -28,7 +28,7 @@ from ratebench.scenarios.base import (  # the names the runner, the plan and the
 # Every module of this package but base is a kind and registers it when imported, in the order below
 # (the order profiles list kinds in), then any other module in name order: a new kind is its module.
 _ORDER = ("seed_experiment", "isolation", "cancellation", "long_prompt", "prefix_cache", "eos", "parallel_sampling",
-          "anonymous", "waiting", "kv_pressure", "active_cap", "overhead", "trace", "mix", "fleet")
+          "request_options", "anonymous", "waiting", "kv_pressure", "active_cap", "overhead", "trace", "mix", "fleet")
 _MODULES = sorted((m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"),
                   key=lambda name: (_ORDER.index(name) if name in _ORDER else len(_ORDER), name))
 for _name in _MODULES:

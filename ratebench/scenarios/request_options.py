@@ -1,0 +1,126 @@
+"""The ``request-options`` scenario kind. One user's streams, each carrying an option of the request body
+that users send (structured outputs, logprobs, penalties, stop strings, logit bias, ...): every one is
+charged to the user like a plain request.
+
+The limiter charges in the scheduler, where each option is a field of the request's sampling
+parameters (``structured_output_request``, ``logprobs``, ``logits_processors``, ...). A limiter that
+let one kind of request through uncharged, skipped requests the structured-output manager holds
+back, or lost the user of requests whose parameters the frontend rebuilds (a JSON schema is
+compiled into a grammar, bad words into token ids), passes every other scenario, whose requests are
+plain. Here one user (whose limit binds) sends one stream per option, all at once, greedy
+(temperature 0, so the options that shape the distribution still give one answer) and run to
+``max_tokens``: the bound, even spacing, stream turns, reconciliation and identity judge them as
+the user's streams, so a stream that was not charged shows as the user's excess.
+
+Each option is sent on the API where users send it (``OPTIONS``: chat for ``response_format``,
+completions for vLLM's ``structured_outputs``); every option keeps the answer running to ``max_tokens``
+(a stop string that never matches, ``min_tokens`` equal to it, structured outputs with
+``ignore_eos``), so each stream is backlogged the whole phase.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratebench.profiles import (
+    REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
+)
+from ratebench.scenarios.base import EngineRef, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt
+from ratebench.workload import StreamRequest
+
+_SCHEMA = {"type": "object", "properties": {"words": {"type": "array", "items": {"type": "string"}}},
+           "required": ["words"]}
+
+# option -> (API, what it adds to the request's body)
+OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "json-schema": ("chat", {"response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "words", "schema": _SCHEMA}}}),
+    "json-object": ("chat", {"response_format": {"type": "json_object"}}),
+    "regex": ("completions", {"structured_outputs": {"regex": "[a-z]+( [a-z]+)*"}}),
+    "choice": ("completions", {"structured_outputs": {"choice": ["yes", "no"]}}),
+    "logprobs": ("completions", {"logprobs": 5}),
+    "top-logprobs": ("chat", {"logprobs": True, "top_logprobs": 5}),
+    "penalties": ("completions", {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2}),
+    "stop": ("completions", {"stop": ["\u241e never \u241e"]}),
+    "logit-bias": ("completions", {"logit_bias": {"100": 5.0, "101": -5.0}}),
+    "allowed-token-ids": ("completions", {"allowed_token_ids": list(range(100, 400))}),
+    "bad-words": ("completions", {"bad_words": ["the"]}),
+    "min-tokens": ("completions", {"min_tokens": None}),  # None: the stream's max_tokens
+    "chat": ("chat", {}),
+}
+
+PARAMS: dict[str, tuple[str, Any]] = {
+    "user": ("user", REQUIRED),  # a user whose limit binds on its streams (one per option)
+    "options": ("str_list", list(OPTIONS)),  # one stream each, sent at once
+    "max_tokens": ("pos_int", 30),
+    "prompt_tokens": ("pos_int", 32),
+}
+
+
+def option_body(option: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The API and body fields of one option's request."""
+    api, body = OPTIONS[option]
+    return api, {k: (max_tokens if v is None else v) for k, v in body.items()}
+
+
+def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
+    """One greedy stream per option, of one user, sent at once and run to ``max_tokens``."""
+    p = spec.params
+
+    async def run(ctx: ScenarioContext, engine: EngineRef) -> None:
+        maker = await ctx.driver.prompts(engine.endpoint, engine.model)
+        salt = phase_salt(ctx, engine, "options")
+        reqs = []
+        for i, option in enumerate(p["options"]):
+            api, body = option_body(option, p["max_tokens"])
+            if api == "chat":
+                prompt: list[int] | str = maker.text_prompt(p["prompt_tokens"], f"{salt}-{i}")
+                exact = None
+            else:
+                prompt = await maker.token_prompt(p["prompt_tokens"], f"{salt}-{i}")
+                exact = len(prompt)
+            reqs.append(StreamRequest(user=p["user"], prompt=prompt, max_tokens=p["max_tokens"], api=api,
+                                      stream_index=i, prompt_tokens=exact,
+                                      extra_body={"temperature": 0.0, **body}))
+        # An engine compiles its structured-output backend on the first request that needs it (about 2 s
+        # of one step on cpu-tiny, the limiter on or off): one short request per option first, a probe
+        # (its id says so: no phase's), so the phase's streams meet a warm engine.
+        warm = []
+        for i, option in enumerate(p["options"]):
+            api, body = option_body(option, 2)
+            text = f"[{salt} warm {i}] Name three colours."
+            probe = {"model": engine.model, "max_tokens": 2, "ignore_eos": True, "temperature": 0.0, **body}
+            if api == "chat":
+                probe["messages"] = [{"role": "user", "content": text}]
+            else:
+                probe["prompt"] = text
+            ctx.driver.probes_sent += 1
+            status, _ = await ctx.driver.post_json(
+                engine.endpoint + ("/v1/chat/completions" if api == "chat" else "/v1/completions"), probe,
+                {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"})
+            warm.append(f"{option} {status}")
+        await ctx.phase(engine, "request-options", reqs,
+                        {p["user"]: {"streams": len(reqs), "backlogged": True}},
+                        params={"option_probes": warm})
+
+    def estimate(limits):
+        return at_limits(limits, [(p["user"], len(p["options"]), p["max_tokens"])])
+
+    return on_every_mode(spec, lambda main: [PhasePlan(spec.name, "request-options", main, run, estimate)])
+
+
+def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFlags, model: ModelSpec
+             ) -> dict[str, int] | None:
+    """Known options, each once; two at least (the user's streams share its budget)."""
+    for i, option in enumerate(p["options"]):
+        if option not in OPTIONS:
+            raise ProfileError(v.path, f"{where}.options[{i}]", f"one of {list(OPTIONS)}".replace("'", '"'), option)
+    if len(set(p["options"])) != len(p["options"]):
+        raise ProfileError(v.path, f"{where}.options", "each option once", p["options"])
+    if len(p["options"]) < 2:
+        raise ProfileError(v.path, f"{where}.options", "two options at least: the user's streams share its "
+                           "budget, so an uncharged one shows as the user's excess", p["options"])
+    return None
+
+
+KIND = register(Kind("request-options", PARAMS, request_options, validate=validate, common=False))
