@@ -365,8 +365,20 @@ WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_p
                                      kv_tiny_priority, kv_growth,
                                      crowd, crowd_priority, crowd_mix, kv_kept, parallel_sampling,
                                      streams_over_places)}
+def prefill_beside_decodes() -> Workload:
+    """user-a (20 tok/s) decodes on two streams; a third stream of it with a 1,280-token prompt comes at
+    0.5 s and is computed in five 256-token chunks. Judged at 45 ms steps, the length of a 256-token
+    chunk's step on the slow CPU machine, where each chunk step is about a token of user-a's rate."""
+    return Workload(default_tps=100, user_tps={"user-a": 20}, phases=[
+        Phase("prefill", [Stream("user-a", 40), Stream("user-a", 40),
+                          Stream("user-a", 20, prompt_len=1280, start_s=0.5)], backlogged={"user-a"}),
+    ], scheduler_kw=dict(num_blocks=256, block_size=32, max_num_seqs=16, max_num_active_seqs=4,
+                         max_num_batched_tokens=256, enable_prefix_caching=True))
+
+
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
-                 "crowd_slots": crowd_slots, "unbound_places": unbound_places}
+                 "crowd_slots": crowd_slots, "unbound_places": unbound_places,
+                 "prefill_beside_decodes": prefill_beside_decodes}
 
 
 # ---- running and judging --------------------------------------------------------------------------
@@ -854,6 +866,19 @@ def test_a_burst_users_streams_keep_turns_in_a_crowded_mix(tmp_path, seed, async
     # order of arrival, as on the limiter-off engine): a gap noted in the patch's README.
     expected = 5 if (policy, async_scheduling, seed) in {("priority", False, 4), ("fcfs", True, 0)} else 6
     assert len(judged_burst) == expected, [c.user for c in judged_burst]
+
+
+@SYNC_AND_ASYNC
+def test_a_long_prompt_does_not_take_the_token_budget_of_its_users_decoding_streams(judged, async_scheduling):
+    """A stream that never sampled computes its 1,280-token prompt in five 256-token chunks while two
+    streams of its user decode. On the patch before this test, the rotation of the user's streams put
+    the chunk at the front of running, where it took the step's whole token budget and left the decodes
+    no token (a 315 ms window with 1 token, 5.3 short where 2.0 are allowed; seen on cpu-tiny's
+    kv-pressure on the slow machine, 3.2 to 5.0 short)."""
+    _, shipped = judged("prefill_beside_decodes", async_scheduling=async_scheduling, step_s=0.045)
+    for name in SPACING:
+        assert check(shipped, name, "prefill", "user-a").passed, shipped.summary()
+    assert shipped.passed, shipped.summary()
 
 
 @pytest.mark.xfail(strict=True, reason="known defect (issue 12): a preempted stream recomputing its prompt in "
