@@ -376,9 +376,25 @@ def prefill_beside_decodes() -> Workload:
                          max_num_batched_tokens=256, enable_prefix_caching=True))
 
 
+def prefill_of_another_user() -> Workload:
+    """user-a (20 tok/s) decodes on four streams, all four active places; user-c's 1,280-token prompt
+    comes at 1 s (five 256-token chunks), so running holds more than the places and the places go in
+    turn. Judged at 45 ms steps, as prefill_beside_decodes."""
+    return Workload(default_tps=100, user_tps={"user-a": 20, "user-c": 200}, phases=[
+        Phase("prefill", [Stream("user-a", 30) for _ in range(4)]
+              + [Stream("user-c", 20, prompt_len=1280, start_s=1.0)], backlogged={"user-a"}),
+    ], scheduler_kw=dict(num_blocks=256, block_size=32, max_num_seqs=16, max_num_active_seqs=4,
+                         max_num_batched_tokens=256, enable_prefix_caching=True))
+
+
+prefill_of_another_user_priority = _under_priority(prefill_of_another_user, {})
+
+
 ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
                  "crowd_slots": crowd_slots, "unbound_places": unbound_places,
-                 "prefill_beside_decodes": prefill_beside_decodes}
+                 "prefill_beside_decodes": prefill_beside_decodes,
+                 "prefill_of_another_user": prefill_of_another_user,
+                 "prefill_of_another_user_priority": prefill_of_another_user_priority}
 
 
 # ---- running and judging --------------------------------------------------------------------------
@@ -876,6 +892,26 @@ def test_a_long_prompt_does_not_take_the_token_budget_of_its_users_decoding_stre
     no token (a 315 ms window with 1 token, 5.3 short where 2.0 are allowed; seen on cpu-tiny's
     kv-pressure on the slow machine, 3.2 to 5.0 short)."""
     _, shipped = judged("prefill_beside_decodes", async_scheduling=async_scheduling, step_s=0.045)
+    for name in SPACING:
+        assert check(shipped, name, "prefill", "user-a").passed, shipped.summary()
+    assert shipped.passed, shipped.summary()
+
+
+@pytest.mark.parametrize("workload", [
+    "prefill_of_another_user",
+    pytest.param("prefill_of_another_user_priority", marks=pytest.mark.xfail(strict=True, reason=(
+        "known defect: under PRIORITY the places go in turn by sort (_order_output_rate_running) and run in "
+        "that order, so a new user's prompt chunk sorted first takes the step's whole token budget from "
+        "another user's decodes (5.2 tokens short where 2.0 are allowed). A mend (sampling requests first "
+        "among those taking the places, as the bench does) passed this and every harness test, and was "
+        "withdrawn untried further: the one main job run with it failed stream-fairness on the priority "
+        "engine's kv-pressure (a spread of 3 where 2 are allowed)"))),
+])
+def test_another_users_long_prompt_does_not_take_the_token_budget_of_the_places(judged, workload):
+    """user-c's 1,280-token prompt among user-a's four decoding streams, more requests than places: the
+    places go in turn, user-c's first. The bench (FCFS) runs sampling requests first and chunks after;
+    seen on cpu-tiny's kv-pressure, priority engine: 2.2 tokens short where 2.1 were allowed."""
+    _, shipped = judged(workload, step_s=0.045)
     for name in SPACING:
         assert check(shipped, name, "prefill", "user-a").passed, shipped.summary()
     assert shipped.passed, shipped.summary()
