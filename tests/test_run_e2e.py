@@ -103,6 +103,11 @@ n = 2
 max_tokens = 20
 
 [[scenarios]]
+kind = "request-options"
+user = "user-a"                  # 100 tok/s over 13 streams, one per option users send: the budget binds
+max_tokens = 10                  # (its compile step widens this run's emit tolerance: README, request-options)
+
+[[scenarios]]
 kind = "anonymous-and-spoofing"
 streams = 1
 spoof_streams = 5
@@ -413,6 +418,24 @@ def test_a_request_of_several_answers_is_one_engine_request_per_answer_each_char
         for a in r.answers():
             assert a.completion_tokens == a.streamed_tokens == r.max_tokens and len(a.token_ids) == r.max_tokens
             assert finishes[a.client_id] == ("length", r.max_tokens, "user-a"), a.client_id
+
+
+def test_every_request_option_is_served_whole_and_charged_to_its_user(small_run) -> None:
+    """Structured outputs, logprobs, penalties, stop strings, ...: each option's stream ran to max_tokens,
+    answered without error, and every token of it was the user's (the warm-up probes are no phase's)."""
+    from ratebench.scenarios.request_options import OPTIONS
+
+    outcome, _ = small_run
+    finishes = _finishes(outcome)
+    sent = [r for r in read_client_records(outcome.run_dir / "requests.jsonl") if r.scenario == "request-options"]
+    assert len(sent) == len(OPTIONS)
+    assert {r.api for r in sent} == {"completions", "chat"}
+    for r in sent:
+        assert not r.error and r.completion_tokens == r.streamed_tokens == r.max_tokens == 10, r
+        assert finishes[r.client_id] == ("length", r.max_tokens, "user-a"), r.client_id
+    phases = [p for p in json.loads((outcome.run_dir / "scenarios.json").read_text())
+              if p["scenario"] == "request-options"]
+    assert phases and all(p["params"]["option_probes"] == [f"{o} 200" for o in OPTIONS] for p in phases)
 
 
 def test_long_prompts_eos_and_prefix_cache_send_what_they_say(small_run) -> None:
