@@ -235,6 +235,24 @@ async def streams_of_user(ctx: ScenarioContext, engine: EngineRef, user: str | N
     return out
 
 
+async def post_probe(ctx: ScenarioContext, engine: EngineRef, api: str, text: str, fields: dict[str, Any]
+                     ) -> tuple[int, str]:
+    """One plain (not streamed) request of ``text`` on ``api`` ("completions" or "chat") with ``fields``,
+    before a phase: its HTTP status and the start of its body. Its id says it is a probe
+    (ratebench.analysis.load.is_warmup_request): no phase's, and no client record names it (each engine
+    request it makes, a beam or an answer, carries that id)."""
+    body: dict[str, Any] = {"model": engine.model, **fields}
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+        path = "/v1/chat/completions"
+    else:
+        body["prompt"] = text
+        path = "/v1/completions"
+    ctx.driver.probes_sent += 1
+    headers = {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"}
+    return await ctx.driver.post_json(engine.endpoint + path, body, headers)
+
+
 async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str | None, salt: str
                              ) -> list[dict[str, Any]]:
     """With the limiter on, a beam search request is refused at the API (HTTP 400): its beams would be
@@ -243,20 +261,11 @@ async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str 
     streams; what the server answered (checks beam-search-refused, beam-search-off-served)."""
     xargs = {"vllm_xargs": {"output_rate_user": user}} if user else {}
     text = f"[{salt} beam] Name three colours."
-    bodies = {
-        "completions": {"model": engine.model, "prompt": text, "max_tokens": 4, "use_beam_search": True,
-                        "n": 2, **xargs},
-        "chat": {"model": engine.model, "messages": [{"role": "user", "content": text}], "max_tokens": 4,
-                 "use_beam_search": True, "n": 2, **xargs},
-    }
     out = []
-    for api, body in bodies.items():
-        path = "/v1/completions" if api == "completions" else "/v1/chat/completions"
-        # served (limiter off), each beam is an engine request of its own: the id says it is a probe
-        # (ratebench.analysis.load.is_warmup_request), which no client record names
-        ctx.driver.probes_sent += 1
-        headers = {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"}
-        status, message = await ctx.driver.post_json(engine.endpoint + path, body, headers)
+    for api in ("completions", "chat"):
+        # served (limiter off), each beam is an engine request of its own, each named a probe
+        status, message = await post_probe(ctx, engine, api, text,
+                                           {"max_tokens": 4, "use_beam_search": True, "n": 2, **xargs})
         out.append(BeamProbe(api, "use_beam_search, n 2", status, message).to_json())
     return out
 

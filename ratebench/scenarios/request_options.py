@@ -25,7 +25,9 @@ from typing import Any
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
-from ratebench.scenarios.base import EngineRef, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt
+from ratebench.scenarios.base import (
+    EngineRef, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, post_probe,
+)
 from ratebench.workload import StreamRequest
 
 _SCHEMA = {"type": "object", "properties": {"words": {"type": "array", "items": {"type": "string"}}},
@@ -88,16 +90,8 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         warm = []
         for i, option in enumerate(p["options"]):
             api, body = option_body(option, 2)
-            text = f"[{salt} warm {i}] Name three colours."
-            probe = {"model": engine.model, "max_tokens": 2, "ignore_eos": True, "temperature": 0.0, **body}
-            if api == "chat":
-                probe["messages"] = [{"role": "user", "content": text}]
-            else:
-                probe["prompt"] = text
-            ctx.driver.probes_sent += 1
-            status, _ = await ctx.driver.post_json(
-                engine.endpoint + ("/v1/chat/completions" if api == "chat" else "/v1/completions"), probe,
-                {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"})
+            status, _ = await post_probe(ctx, engine, api, f"[{salt} warm {i}] Name three colours.",
+                                         {"max_tokens": 2, "ignore_eos": True, "temperature": 0.0, **body})
             warm.append(f"{option} {status}")
         await ctx.phase(engine, "request-options", reqs,
                         {p["user"]: {"streams": len(reqs), "backlogged": True}},
