@@ -57,9 +57,7 @@ def test_every_builtin_profile_loads() -> None:
 def test_cpu_tiny_runs_every_scenario_kind_in_sync_async_and_priority() -> None:
     prof = load_profile("cpu-tiny")
     # every kind but the fleet, which needs HAProxy and engines of its own: cpu-fleet runs it
-    # request-options is not in a built-in profile yet: its structured-output compile (a 2 s engine step)
-    # would become the engine's longest step, the tolerance of every phase's emit bound on that engine
-    assert {s.kind for s in prof.scenarios} == set(scenario_kinds()) - {"fleet", "request-options"}
+    assert {s.kind for s in prof.scenarios} == set(scenario_kinds()) - {"fleet"}
     assert {s.kind for s in load_profile("cpu-fleet").scenarios} == {"fleet"}
     seed = next(s for s in prof.scenarios if s.kind == "seed-experiment")
     assert seed.scheduling == ["sync", "async", "priority"]
@@ -67,11 +65,11 @@ def test_cpu_tiny_runs_every_scenario_kind_in_sync_async_and_priority() -> None:
     # priority heap as the queue) meet a real engine in the main job
     modes = {s.name: s.scheduling for s in prof.scenarios}
     assert {name for name, m in modes.items() if "priority" in m} == {
-        "seed-experiment", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
+        "seed-experiment", "request-options", "anonymous-and-spoofing", "crowd", "kv-pressure", "active-cap-fairness"}
     # async: where a step in flight changes the limiter's path (closing, chunking, preempting, yielding)
     assert {name for name, m in modes.items() if "async" in m} == {
-        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "parallel-sampling", "waiting", "crowd",
-        "kv-pressure", "active-cap-fairness"}
+        "seed-experiment", "isolation", "cancellation", "long-prompt", "eos", "parallel-sampling", "request-options",
+        "waiting", "crowd", "kv-pressure", "active-cap-fairness"}
     assert prof.device == "cpu" and prof.model.source == "tiny" and prof.model.served_name == "tiny-qwen3"
     assert prof.limits.limit_of(seed.params["user"]) == 20
     assert prof.limits.limit_of(seed.params["neighbour"]) == 100
@@ -175,8 +173,7 @@ def test_scenario_parameter_of_the_wrong_type_is_refused() -> None:
 
 def test_request_options_must_be_known_distinct_and_two_at_least() -> None:
     data = _cpu_tiny()
-    data["scenarios"].append({"kind": "request-options", "user": "user-b"})
-    i = len(data["scenarios"]) - 1
+    i = next(k for k, s in enumerate(data["scenarios"]) if s["kind"] == "request-options")
     data["scenarios"][i]["options"] = ["json-schema", "grammar"]
     err = _refused(data, f"scenarios[{i}].options[1]", 'one of ["json-schema", ')
     assert "'grammar'" in str(err)

@@ -105,7 +105,7 @@ max_tokens = 20
 [[scenarios]]
 kind = "request-options"
 user = "user-a"                  # 100 tok/s over 13 streams, one per option users send: the budget binds
-max_tokens = 10                  # (its compile step widens this run's emit tolerance: README, request-options)
+max_tokens = 10
 
 [[scenarios]]
 kind = "anonymous-and-spoofing"

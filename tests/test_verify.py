@@ -192,6 +192,30 @@ def test_emit_tolerance_can_be_set_instead_of_measured(tmp_path):
     assert verdict["thresholds"]["emit_tolerance_ns"] == 0
 
 
+def test_a_long_step_in_one_phase_widens_no_other_phases_emit_bound(tmp_path):
+    """The emit bound's tolerance is the longest step of the row's own phase. One phase of 1.5 s steps (as
+    a structured-output backend compiling a grammar) before a phase in which a rolling-window limiter lets
+    user-a take its second's tokens at once: with the engine's longest step as every phase's tolerance,
+    that phase's emit bound allowed (W + 0.1 + 1.36 s) N + 1 and passed (its worst window: 20 tokens in
+    19 ms against 30.6 allowed); with the phase's own steps it fails beside the dispatch bound."""
+    eng = SimEngine("patched-sync", default_tps=100, user_tps={"user-a": 20}, limiter="rolling-1s")
+    slow = SimPhase("request-options", "request-options", "slow", "patched-sync", "measure",
+                    {"user-b": {"limit_tps": 100, "streams": 1, "backlogged": False}},
+                    [SimRequest("rb-5e1f0001-1", "user-b", 0, 3)], step_ns=1_500_000_000)
+    burst = SimPhase("seed-experiment", "seed-experiment", "burst", "patched-sync", "measure",
+                     {"user-a": {"limit_tps": 20, "streams": 4, "backlogged": True}},
+                     [SimRequest(f"rb-5e1f0001-{i + 2}", "user-a", i, 30) for i in range(4)])
+    run = write_run_folder(tmp_path / "run", [eng], [slow, burst])
+    verdict = analyse_run(run).verdict
+    by = {(c.name, c.phase, c.user): c for c in verdict.checks}
+    assert by[("bound-dispatch", "burst", "user-a")].passed is False
+    emit = by[("bound-emit", "burst", "user-a")]
+    assert emit.passed is False, emit.explanation
+    step_ms = float(emit.explanation.split("+ step ")[1].split(" ms")[0])
+    assert step_ms < 10, emit.explanation  # the burst phase's own 5 ms steps, not the slow phase's 1.5 s
+    assert verdict.engine_steps["patched-sync"].longest_ns > 1_000_000_000  # the engine's longest: the slow one
+
+
 def test_warm_up_requests_of_the_driver_raise_no_unmatched_request_warning(tmp_path):
     from ratebench.analysis.load import is_warmup_request
 

@@ -185,7 +185,12 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     summary.steps_per_phase.update({k: len(v[0]) for k, v in phase_steps.items()})
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
         summary.warnings.append(f"engine {name}: engine step {step.method}; emit bound checked without tolerance")
+    # the emit bound's tolerance: the longest dispatch-to-emit step that started in the row's phase (every
+    # emit of a phase's requests comes from one: they are sent after it starts and answered before it
+    # ends); the whole file's bound takes the engine's longest. One slow step elsewhere on the engine (a
+    # structured-output backend compiling its grammar before another phase) widens no phase's windows.
     tol = step.longest_ns if th.emit_tolerance_ns is None else th.emit_tolerance_ns
+    phase_tol = {} if th.emit_tolerance_ns is not None else {k: int(v[3]) for k, v in phase_steps.items()}
     lap("step estimate")
 
     user_codes = np.flatnonzero(np.bincount(user_col, minlength=n_codes)) if len(recs) else []
@@ -307,7 +312,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
             else:
                 row.spacing_emit = spacing
                 if row.limit_tps:
-                    row.bound_emit = bound_result(tg, cg, row.limit_tps, th.burst_ns, tol)
+                    row.bound_emit = bound_result(tg, cg, row.limit_tps, th.burst_ns, phase_tol.get(p_index, tol))
                     phase_bounds[label].setdefault(u_code, []).append((row.limit_tps, row.bound_emit))
                 row.emit_rate = rate_figures(tg, cg, row.limit_tps, th.burst_ns, steps)
                 g = request_gaps[sl]

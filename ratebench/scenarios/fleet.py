@@ -22,7 +22,8 @@ A ``fleet`` scenario runs ``engines`` limiter-on engines behind HAProxy
     failover_max_tokens = 16
     light_users = ["user-c"]          # short answers beside the throttled users; their limits cannot bind
     light_requests = 8                # per light user, `light_every_s` apart, each of `light_max_tokens`
-    light_max_tokens = 8              # (all of them within one burst of the user's limit)
+    light_max_tokens = 8              # (all of them within one burst of the user's limit); the light
+                                      # users take turns evenly within each interval
     light_every_s = 0.25
     baseline = true                   # the policy phases again on a limiter-off fleet: isolation across it
 """
@@ -115,7 +116,10 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
 
     async def light_requests(ctx: ScenarioContext, engine: EngineRef, salt: str, heavy: int) -> list[StreamRequest]:
         """Each light user's answers, open loop, ``light_every_s`` apart from just after the last
-        backlogged stream was sent (so that round-robin has placed those first)."""
+        backlogged stream was sent (so that round-robin has placed those first). The light users take
+        turns evenly within each interval (user j of L sends j/L of it later), so that one slow moment of
+        the host delays one answer, not one of every light user at once: isolation's quantiles are taken
+        over all of them, and samples that share a moment would fail or pass together."""
         out: list[StreamRequest] = []
         start = heavy * FLEET_STAGGER_S + p["light_every_s"] / 2
         for j, user in enumerate(p["light_users"]):
@@ -123,7 +127,7 @@ def fleet(spec: ScenarioSpec) -> list[PhasePlan]:
                                          f"{salt} {user}", first_index=heavy + j * p["light_requests"],
                                          headers={p["user_header"]: user})
             for k, req in enumerate(reqs):
-                req.delay_s = start + k * p["light_every_s"] + j * FLEET_STAGGER_S
+                req.delay_s = start + (k + j / len(p["light_users"])) * p["light_every_s"]
             out += reqs
         return out
 
