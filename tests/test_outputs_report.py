@@ -120,7 +120,7 @@ def test_thresholds_read_in_milliseconds_in_the_report_and_the_terminal(good):
     line = next(x for x in report.splitlines() if x.startswith("Thresholds: "))
     assert "`spacing_slack` = 5 ms" in line and "`isolation_e2e_slack` = 50 ms" in line
     assert "`stream_wait_slack` = 300 ms" in line and "`burst` = 100 ms" in line and "`wake_max` = 10 ms" in line
-    assert "`emit_tolerance` = the longest engine step" in line and "`max_overhead` = the profile's max_overhead, else report only" in line
+    assert "`emit_tolerance` = the phase's longest engine step" in line and "`max_overhead` = the profile's max_overhead, else report only" in line
     assert "_ns`" not in line and "000000" not in line and "`delivery_min` = 0.97" in line
     console = Console(width=180, record=True, color_system=None)
     print_verdict(verdict, console)

@@ -147,7 +147,7 @@ def check_bound(
     """Check ``tokens in any window W <= (W + burst) * N + 1`` on one user's events.
 
     ``t_ns``: event times (int ns, any order); ``counts``: tokens per event (default 1);
-    ``tolerance_ns`` widens every window (use the longest engine step for emit events).
+    ``tolerance_ns`` widens every window (for emit events: the longest engine step of the phase).
     Exact integer arithmetic, O(n) after sorting.
     """
     return check_bound_grouped(

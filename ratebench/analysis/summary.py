@@ -81,7 +81,7 @@ def client_user(user: str | None) -> str:
 @dataclass(frozen=True)
 class Measure:
     """What the figures are measured against: the promise's burst (the bound's 100 ms) and how far
-    windows on emit events are widened (None: the longest engine step measured). No threshold:
+    windows on emit events are widened (None: the longest engine step measured in the phase). No threshold:
     the checks (:mod:`ratebench.analysis.checks`) judge the figures."""
 
     burst_ns: int = BURST_NS

@@ -95,7 +95,7 @@ TABLE: tuple[Threshold, ...] = (
               "active", "2"),
     Threshold("jain_min", "--jain-min", "Jain's index across backlogged users with equal limits", "4"),
     Threshold("emit_tolerance_ns", "--emit-tolerance-ms", "widen windows on emit events by this much (default: "
-              "the longest engine step measured)", "6", "ms"),
+              "the longest engine step measured in the phase; over a whole event file, on the engine)", "6", "ms"),
     Threshold("spacing_slack_ns", "--spacing-slack-ms", "even spacing: a backlogged user may fall short of N x W "
               "by 1 + N x (longest step period + this) tokens in a window", "2", "ms"),
     Threshold("wait_cpu_max", "--wait-cpu-max", "EngineCore CPUs spent while users wait, beyond what an idle "

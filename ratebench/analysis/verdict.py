@@ -77,7 +77,7 @@ class Thresholds:
     # answer that parted from the baseline's may score there and still count as its greedy choice, a tie
     # broken the other way by the batch's rounding (analysis/answers.py, ratebench/answerscore.py)
     answers_logprob_tol: float = 0.05
-    emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the longest engine step)
+    emit_tolerance_ns: int | None = None  # widening of windows on emit events (None: the phase's longest engine step)
     # two witnesses (analysis/witness.py): how far the client's time may precede the engine's for the same
     # token, end of stream or send. One clock (CLOCK_MONOTONIC, 1 ns resolution through the vDSO, one
     # timekeeper for all CPUs): this is reading it, not delivery, which takes hundreds of microseconds

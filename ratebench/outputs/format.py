@@ -128,7 +128,7 @@ def overrides_text(user_tps: dict | None, names_up_to: int = 3) -> str:
 
 # thresholds whose None means something in words
 _THRESHOLD_NONE = {"max_overhead": "the profile's max_overhead, else report only", "max_event_overhead": "report only",
-                   "emit_tolerance_ns": "the longest engine step",
+                   "emit_tolerance_ns": "the phase's longest engine step",
                    "trace_lateness_ns": "the scenario's lateness_ms, else 20 ms"}
 
 
