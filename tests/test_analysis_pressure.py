@@ -443,3 +443,81 @@ def test_under_the_priority_policy_a_users_streams_take_turns_within_a_priority(
         assert "its streams at priorities 0, 1" in check.explanation, check.explanation
     if not judged_ok:
         assert check.figure >= 8, check.explanation  # 2 s without tokens at 20 tok/s over 4 streams
+
+
+def _first_token_late(run_dir, steps_tokens: int | None, budget: int | None = 256, full_for_ns: int | None = None):
+    """Stream 3 of user-a gets its first token 1.5 s into the phase (its siblings' start at once); the
+    event file gets a step record every 20 ms over the phase, each of ``steps_tokens`` tokens (None: no
+    step records; with ``full_for_ns``, only the phase's first steps over that time, 4 tokens after),
+    and ``budget`` as its header's max_num_batched_tokens."""
+    from ratebench.events import STEP_DTYPE
+
+    run = load_run(run_dir)
+    t0 = run.phases[0].start_ns
+    path = run_dir / "engines" / "patched-sync" / "events.rbev"
+
+    def keep(recs, strings):
+        late = np.array(["rb-5e1f0001-3-" in s for s in strings])[recs["req"]]
+        return ~(late & (recs["t_ns"] < t0 + 1_500_000_000) & np.isin(recs["kind"], [KIND_DISPATCH, KIND_EMIT]))
+
+    _rewrite_events(run_dir, keep)
+    ev = read_engine_events(path)
+    with EventFileWriter(path, {**ev.meta, "max_num_batched_tokens": budget}) as w:
+        for s in ev.strings:
+            w.intern(s)
+        w.write_block(ev.records)
+        if steps_tokens is not None:
+            t = np.arange(t0, run.phases[0].end_ns, 20_000_000, dtype=np.int64)
+            steps = np.zeros(len(t), dtype=STEP_DTYPE)
+            steps["t_ns"], steps["reqs"], steps["tokens"] = t, 4, steps_tokens
+            if full_for_ns is not None:
+                steps["tokens"][t >= t0 + full_for_ns] = 4
+            w.write_steps(steps)
+    [check] = _checks(run_dir, "stream-wait")
+    return check
+
+
+def test_a_first_token_late_behind_steps_that_are_not_full_fails_stream_wait(tmp_path):
+    """The engine ran decode steps (4 tokens of a 256-token budget) while stream 3 waited 1.5 s for its
+    first token: its siblings spent the budget, and the wait counts whole."""
+    check = _first_token_late(_throttled_run(tmp_path), steps_tokens=4)
+    assert not check.passed and check.figure >= 1400, check.explanation
+    assert "stream 3" in check.explanation and "first token" in check.explanation
+    assert "full engine steps" not in check.explanation
+
+
+def test_a_first_token_late_behind_full_steps_leaves_them_out_of_its_wait(tmp_path):
+    """The same wait while every step scheduled the whole token budget (prefilling other prompts, which
+    a stream sent beside them queues for, the limiter on or off): the wait leaves those steps out and
+    the explanation says how much; without a budget in the header nothing is left out."""
+    run_dir = _throttled_run(tmp_path)
+    check = _first_token_late(run_dir, steps_tokens=256)
+    assert check.passed and check.figure < 300, check.explanation  # the worst is now a turn between tokens
+    run = load_run(run_dir)
+    [sw] = stream_waits(run, run.phases[0])
+    [late] = [w for w in sw.waits if w.stream_index == 3]
+    assert late.wait_ns < 300_000_000, late  # its first token's wait, less the full steps, is under a turn
+    # full steps over the first 0.8 s only: the rest of the wait counts (and fails), the explanation says
+    # what was left out
+    part = _first_token_late(_throttled_run(tmp_path / "part"), steps_tokens=256, full_for_ns=800_000_000)
+    assert "stream 3" in part.explanation and "first token (less 800 ms of full" in part.explanation, part.explanation
+    assert not part.passed and 700 < part.figure < 1000, part.explanation
+    full = _first_token_late(_throttled_run(tmp_path / "no-budget"), steps_tokens=256, budget=None)
+    assert not full.passed and full.figure >= 1400, full.explanation
+
+
+def test_full_step_time_counts_each_full_step_until_the_next_starts():
+    from types import SimpleNamespace
+
+    from ratebench.analysis.pressure import full_step_time
+    from ratebench.events import STEP_DTYPE
+
+    steps = np.zeros(5, dtype=STEP_DTYPE)
+    steps["t_ns"] = [100, 0, 10, 30, 60]  # file order need not be time order
+    steps["tokens"] = [8, 256, 4, 300, 256]  # sorted: 0 full, 10 not, 30 full, 60 full, 100 (last: unknown end)
+    f = full_step_time(SimpleNamespace(events=SimpleNamespace(steps=steps, meta={"max_num_batched_tokens": 256})))
+    a = np.array([0, 5, 20, 35, -50, 100, 120])
+    b = np.array([100, 12, 40, 65, 5, 200, 130])
+    # full: [0, 10), [30, 60), [60, 100)
+    assert f(a, b).tolist() == [80, 5, 10, 30, 5, 0, 0]
+    assert full_step_time(SimpleNamespace(events=SimpleNamespace(steps=steps, meta={}))) is None

@@ -5,7 +5,12 @@
   it): to its first token from when it was sent or, if later, from the user's first
   token in the phase (the phase's first prefills are not the limiter's doing), between
   two tokens, and from its last token to when the driver closed it if it was still
-  waiting then. A user at ``N``
+  waiting then. The wait for a first token leaves out the engine's full steps in it (steps that
+  scheduled the whole ``--max-num-batched-tokens`` budget, from the event file's step records and
+  header): those steps were prefilling other prompts, which the streams sent at once queue for in
+  their order, the limiter on or off (six 1,280-token prompts of one user at 256 tokens a step are
+  thirty full steps, about 1.5 s on a slow CPU; a stream's wait behind its siblings' decodes is in
+  steps that are not full, and counts). A user at ``N``
   tok/s whose ``S`` streams take turns gives each stream a token every ``S / N``
   seconds; a stream that lost its KV to a neighbour and was left behind while its
   siblings kept the budget waits far longer, and so does a new stream left in the
@@ -52,6 +57,7 @@ class StreamWait:
     where: str  # "first token", "between tokens", "after its last token until closed"
     at_ns: int  # when that wait began
     tokens: int
+    excused_ns: int = 0  # of a first token's wait: the engine's full steps in it, left out of wait_ns
 
 
 @dataclass
@@ -160,15 +166,16 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
     cancel = np.array([r.cancel_ns if r.cancelled and r.cancel_ns is not None else -1 for r in records],
                       dtype=np.int64)
     max_tokens = np.array([r.max_tokens for r in records], dtype=np.int64)
+    full = full_step_time(run.traces.get(phase.engine))
     best, best_at, where, start, measured = longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens,
-                                                          owner, len(users))
+                                                          owner, len(users), full)
     priority = np.array([r.priority for r in records], dtype=np.int64)
     trace = run.traces.get(phase.engine)
     by_priority = trace is not None and trace.runs_priority_policy
     mixed: set[int] = set()
     if by_priority and len(records):
         mixed = _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, cancel, max_tokens,
-                                          best, best_at, where, measured)
+                                          best, best_at, where, measured, full)
     out = []
     ends = np.cumsum([len(records_of.get(u, [])) for u in users]).tolist()  # owner is in user order
     for k, user in enumerate(users):
@@ -177,11 +184,14 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
             if not measured[j]:
                 continue  # no token and not closed: nothing to measure
             r, at = records[j], int(best_at[j])
+            excused = 0
             if where[j] == 2:
                 what = "after its last token until closed"
             else:
                 what = "first token" if at == int(start[j]) else "between tokens"
-            waits.append(StreamWait(r.client_id, r.stream_index, int(best[j]), what, at, int(n[j])))
+                if what == "first token" and full is not None:
+                    excused = int(full(start[j:j + 1], first[j:j + 1])[0])
+            waits.append(StreamWait(r.client_id, r.stream_index, int(best[j]), what, at, int(n[j]), excused))
         spec = phase.users[user]
         levels = sorted({int(priority[j]) for j in range(ends[k - 1] if k else 0, ends[k])}) if k in mixed else []
         out.append(StreamWaits(user, spec.limit_tps, spec.streams, waits, levels))
@@ -189,11 +199,12 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
 
 
 def _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, cancel, max_tokens,
-                              best, best_at, where, measured) -> set[int]:
+                              best, best_at, where, measured, full=None) -> set[int]:
     """Under the PRIORITY policy: for every stream of a user whose streams have several priorities, its
     longest wait again, each wait less the time while one of its user's streams of a higher priority
-    (a lower value) was open, from when it was sent to its end (the client's, else its last token). The
-    arrays are updated in place; returns the owners (users) whose waits were so measured."""
+    (a lower value) was open, from when it was sent to its end (the client's, else its last token); a
+    first token's wait less the larger of that and its full steps (``full``, as :func:`longest_waits`).
+    The arrays are updated in place; returns the owners (users) whose waits were so measured."""
     mixed = {int(u) for u in np.unique(owner) if len(np.unique(priority[owner == u])) > 1}
     if not mixed:
         return mixed
@@ -223,6 +234,8 @@ def _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, 
                 if hi > lo:
                     covered += hi - lo
                     reach = hi
+            if kind == 0 and full is not None:
+                covered = max(covered, int(full(np.array([a]), np.array([b]))[0]))
             wait = b - a - covered
             if worst is None or wait > worst[0]:
                 worst = (wait, a, kind)
@@ -231,13 +244,43 @@ def _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, 
     return mixed
 
 
-def longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens, owner, n_users):
+def full_step_time(trace):
+    """``f(a, b)``: per pair of arrays, the time within [a, b) of the engine's full steps, those that
+    scheduled its whole token budget (``max_num_batched_tokens`` in the event file's header); a step
+    lasts until the next one starts. None without step records or a budget in the header."""
+    if trace is None or not len(trace.events.steps):
+        return None
+    budget = trace.events.meta.get("max_num_batched_tokens")
+    if not isinstance(budget, int) or budget <= 0:
+        return None
+    steps = np.sort(trace.events.steps, order="t_ns", kind="stable")
+    t = steps["t_ns"].astype(np.int64)
+    if len(t) < 2:
+        return None
+    is_full = steps["tokens"][:-1].astype(np.int64) >= budget  # the last step's end is unknown: not counted
+    dur = np.where(is_full, np.diff(t), 0)
+    cum = np.concatenate([[0], np.cumsum(dur)])  # full time before step k starts
+
+    def upto(x: np.ndarray) -> np.ndarray:
+        """Full-step time before x."""
+        k = np.clip(np.searchsorted(t, x, side="right") - 1, 0, len(dur) - 1)  # the step x falls in
+        inside = np.where(x >= t[0], np.clip(x - t[k], 0, dur[k]), 0)
+        return np.where(x >= t[0], cum[k] + inside, 0)
+
+    def f(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        a, b = np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)
+        return np.maximum(upto(b) - upto(a), 0)
+    return f
+
+
+def longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens, owner, n_users, full=None):
     """Every record's longest wait at once (arrays, one entry per record): from its dispatch figures
     (count ``n``, ``first`` and ``last`` time, longest gap between two ``top`` and when it began
     ``top_at``), when it was sent, when the driver closed it (-1: not cancelled), its ``max_tokens``
-    and its user's number ``owner`` (of ``n_users``). Returns (the wait, when it began, where: 0 to its
-    first token, 1 between tokens, 2 after its last token until closed; its start, whether there was
-    anything to measure): the first longest of those, as :func:`stream_waits` describes."""
+    and its user's number ``owner`` (of ``n_users``); ``full``: :func:`full_step_time`'s function, whose
+    time a first token's wait leaves out (None: nothing left out). Returns (the wait, when it began,
+    where: 0 to its first token, 1 between tokens, 2 after its last token until closed; its start,
+    whether there was anything to measure): the first longest of those, as :func:`stream_waits` describes."""
     m = len(n)
     has = n > 0
     # the user's first token in the phase (its first prefills are not the limiter's doing)
@@ -249,7 +292,10 @@ def longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens, owner, 
     # still waiting when the driver closed it (not when its answer was complete)
     closed = (cancel >= 0) & (n < max_tokens)
     # the first longest of: sent (or start) to the first token, between tokens, the last token to closed
-    best = np.where(has, first - start, np.iinfo(np.int64).min)
+    first_wait = first - start
+    if full is not None and m:
+        first_wait = first_wait - np.where(has, full(start, np.where(has, first, start)), 0)
+    best = np.where(has, first_wait, np.iinfo(np.int64).min)
     best_at = start.copy()
     where = np.zeros(m, dtype=np.int8)  # 0: from the start, 1: between tokens, 2: until closed
     better = (n >= 2) & (top > best)

@@ -57,7 +57,10 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
                 "stream-wait", p.scenario, p.phase, p.engine, sw.user, round(w.wait_ns / 1e6, 1),
                 round(allowed_ns / 1e6, 1), "<=", "ms", w.wait_ns <= allowed_ns,
                 f"longest wait of a stream for a token: stream {w.stream_index} ({w.client_id}) waited "
-                f"{w.wait_ns / 1e6:.0f} ms for its {w.where} with {w.tokens} tokens in all; allowed "
+                f"{w.wait_ns / 1e6:.0f} ms for its {w.where}"
+                + (f" (less {w.excused_ns / 1e6:.0f} ms of full engine steps, prefilling other prompts)"
+                   if w.excused_ns else "")
+                + f" with {w.tokens} tokens in all; allowed "
                 f"{th.stream_wait_factor:g} x {sw.streams} streams / {sw.limit_tps} tok/s + "
                 f"{th.stream_wait_slack_ns / 1e6:g} ms = {allowed_ns / 1e6:.0f} ms; the streams' longest waits "
                 + ", ".join(f"{x / 1e6:.0f}" for x in waits) + " ms"
