@@ -445,12 +445,15 @@ def test_under_the_priority_policy_a_users_streams_take_turns_within_a_priority(
         assert check.figure >= 8, check.explanation  # 2 s without tokens at 20 tok/s over 4 streams
 
 
-def _first_token_late(run_dir, steps_tokens: int | None, budget: int | None = 256, full_for_ns: int | None = None):
+def _first_token_late(run_dir, steps_tokens: int | None, budget: int | None = 256, full_for_ns: int | None = None,
+                      another_prompt: bool = True):
     """Stream 3 of user-a gets its first token 1.5 s into the phase (its siblings' start at once); the
     event file gets a step record every 20 ms over the phase, each of ``steps_tokens`` tokens (None: no
     step records; with ``full_for_ns``, only the phase's first steps over that time, 4 tokens after),
-    and ``budget`` as its header's max_num_batched_tokens."""
-    from ratebench.events import STEP_DTYPE
+    and ``budget`` as its header's max_num_batched_tokens. The client saw stream 3's first token then
+    too; with ``another_prompt``, user-c's first request was sent as the phase began and waited for
+    its first token until 1.6 s (a long prompt the full steps could have been prefilling)."""
+    from ratebench.events import STEP_DTYPE, read_client_records, write_client_records
 
     run = load_run(run_dir)
     t0 = run.phases[0].start_ns
@@ -473,6 +476,13 @@ def _first_token_late(run_dir, steps_tokens: int | None, budget: int | None = 25
             if full_for_ns is not None:
                 steps["tokens"][t >= t0 + full_for_ns] = 4
             w.write_steps(steps)
+    records = read_client_records(run_dir / "requests.jsonl")
+    for r in records:
+        if r.client_id == "rb-5e1f0001-3":
+            r.first_token_ns = t0 + 1_500_000_000
+        if r.client_id == "rb-5e1f0001-4" and another_prompt:
+            r.sent_ns, r.first_token_ns = t0, t0 + 1_600_000_000
+    write_client_records(run_dir / "requests.jsonl", records)
     [check] = _checks(run_dir, "stream-wait")
     return check
 
@@ -506,6 +516,15 @@ def test_a_first_token_late_behind_full_steps_leaves_them_out_of_its_wait(tmp_pa
     assert not full.passed and full.figure >= 1400, full.explanation
 
 
+def test_full_steps_while_no_other_request_waited_for_a_first_token_are_not_believed(tmp_path):
+    """The step records are the engine's account of itself: a recorder that called every step full while
+    stream 3 alone waited for a first token (no other prompt to prefill, by the client's clock) has only
+    the phase's first steps left out, while its siblings waited for theirs: the rest of the wait counts."""
+    check = _first_token_late(_throttled_run(tmp_path), steps_tokens=256, another_prompt=False)
+    assert not check.passed and check.figure >= 1400, check.explanation
+    assert "stream 3" in check.explanation, check.explanation
+
+
 def test_full_step_time_counts_each_full_step_until_the_next_starts():
     from types import SimpleNamespace
 
@@ -515,9 +534,13 @@ def test_full_step_time_counts_each_full_step_until_the_next_starts():
     steps = np.zeros(5, dtype=STEP_DTYPE)
     steps["t_ns"] = [100, 0, 10, 30, 60]  # file order need not be time order
     steps["tokens"] = [8, 256, 4, 300, 256]  # sorted: 0 full, 10 not, 30 full, 60 full, 100 (last: unknown end)
-    f = full_step_time(SimpleNamespace(events=SimpleNamespace(steps=steps, meta={"max_num_batched_tokens": 256})))
+    trace = SimpleNamespace(events=SimpleNamespace(steps=steps, meta={"max_num_batched_tokens": 256}))
+    f = full_step_time(trace)
     a = np.array([0, 5, 20, 35, -50, 100, 120])
     b = np.array([100, 12, 40, 65, 5, 200, 130])
     # full: [0, 10), [30, 60), [60, 100)
     assert f(a, b).tolist() == [80, 5, 10, 30, 5, 0, 0]
+    # two requests waiting for a first token from 0 to 40 and one until 70: the step at 60 is not counted
+    g = full_step_time(trace, np.array([0, 0, 0]), np.array([40, 40, 70]))
+    assert g(a, b).tolist() == [40, 5, 10, 25, 5, 0, 0]
     assert full_step_time(SimpleNamespace(events=SimpleNamespace(steps=steps, meta={}))) is None

@@ -7,7 +7,8 @@
   two tokens, and from its last token to when the driver closed it if it was still
   waiting then. The wait for a first token leaves out the engine's full steps in it (steps that
   scheduled the whole ``--max-num-batched-tokens`` budget, from the event file's step records and
-  header): those steps were prefilling other prompts, which the streams sent at once queue for in
+  header) that began while another request also waited for its first token (the client's clock):
+  those steps were prefilling other prompts, which the streams sent at once queue for in
   their order, the limiter on or off (six 1,280-token prompts of one user at 256 tokens a step are
   thirty full steps, about 1.5 s on a slow CPU; a stream's wait behind its siblings' decodes is in
   steps that are not full, and counts). A user at ``N``
@@ -133,6 +134,20 @@ def _dispatch_by_record(run: RunData, phase: PhaseRecord) -> dict[int, np.ndarra
     return out
 
 
+def _first_token_spans(run: RunData, engine: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sent, first token) client times of every request sent to ``engine``; a request that got no token
+    counts until it ended (done or cancelled), else to the end of time."""
+    big = np.iinfo(np.int64).max
+    sent, first = [], []
+    for r in run.records:
+        if r.engine != engine or r.sent_ns is None:
+            continue
+        end = r.first_token_ns if r.first_token_ns is not None else (r.done_ns or r.cancel_ns or big)
+        sent.append(r.sent_ns)
+        first.append(end)
+    return np.array(sent, dtype=np.int64), np.array(first, dtype=np.int64)
+
+
 def stream_wait_users(phase: PhaseRecord) -> list[str]:
     """Whose streams' waits are judged: the users ``params.stream_wait`` names, and every
     backlogged user with a limit and more than one stream (its streams share one budget, so
@@ -166,7 +181,7 @@ def stream_waits(run: RunData, phase: PhaseRecord) -> list[StreamWaits]:
     cancel = np.array([r.cancel_ns if r.cancelled and r.cancel_ns is not None else -1 for r in records],
                       dtype=np.int64)
     max_tokens = np.array([r.max_tokens for r in records], dtype=np.int64)
-    full = full_step_time(run.traces.get(phase.engine))
+    full = full_step_time(run.traces.get(phase.engine), *_first_token_spans(run, phase.engine))
     best, best_at, where, start, measured = longest_waits(n, first, last, top, top_at, sent, cancel, max_tokens,
                                                           owner, len(users), full)
     priority = np.array([r.priority for r in records], dtype=np.int64)
@@ -244,10 +259,17 @@ def _excuse_higher_priorities(run, phase, rec, records, owner, priority, start, 
     return mixed
 
 
-def full_step_time(trace):
+def full_step_time(trace, sent_ns: np.ndarray | None = None, first_ns: np.ndarray | None = None):
     """``f(a, b)``: per pair of arrays, the time within [a, b) of the engine's full steps, those that
     scheduled its whole token budget (``max_num_batched_tokens`` in the event file's header); a step
-    lasts until the next one starts. None without step records or a budget in the header."""
+    lasts until the next one starts. None without step records or a budget in the header.
+
+    The step records are the engine's account of itself; the client's is held against it: with the
+    times every request on the engine was sent (``sent_ns``) and got its first token (``first_ns``;
+    no token: when it ended), a step counts only when two requests at least were waiting for their
+    first token as it began (the one whose wait is measured and another, whose prompt the step could
+    have been prefilling). A recorder that called every step full leaves a stream's wait behind its
+    siblings' decodes whole."""
     if trace is None or not len(trace.events.steps):
         return None
     budget = trace.events.meta.get("max_num_batched_tokens")
@@ -258,6 +280,10 @@ def full_step_time(trace):
     if len(t) < 2:
         return None
     is_full = steps["tokens"][:-1].astype(np.int64) >= budget  # the last step's end is unknown: not counted
+    if sent_ns is not None and first_ns is not None:
+        s, e = np.sort(np.asarray(sent_ns, dtype=np.int64)), np.sort(np.asarray(first_ns, dtype=np.int64))
+        pending = np.searchsorted(s, t[:-1], side="right") - np.searchsorted(e, t[:-1], side="right")
+        is_full &= pending >= 2
     dur = np.where(is_full, np.diff(t), 0)
     cum = np.concatenate([[0], np.cumsum(dur)])  # full time before step k starts
 
