@@ -437,6 +437,53 @@ max_tokens = 20
     assert dispatch.figure <= -40, dispatch.explanation
 
 
+# A structured request parked for its user's budget has its grammar matcher rolled back one token (as a
+# refund path that gives back a token the request already sampled, or a resume from a stale state, would):
+# the next token is masked as if the last were not there. vLLM's own check passes it (the engine's matcher
+# is the one that went wrong); only the answer's tokens, held to a fresh matcher, show it.
+GRAMMAR_FORGETS_ON_PARK = """
+cls = module.Scheduler
+shipped_park = cls._park_output_rate_request
+
+def park_forgetting_the_grammar(self, request, ready_at_ns):
+    shipped_park(self, request, ready_at_ns)
+    so = request.structured_output_request
+    if so is None or request.num_output_tokens == 0:
+        return
+    grammar = so.grammar
+    if grammar is None or isinstance(grammar, Exception) or grammar.is_terminated():
+        return
+    if getattr(grammar, "num_processed_tokens", 0) > 0:
+        grammar.rollback(1)
+        if not self.__dict__.get("_mutant_said"):
+            self._mutant_said = True
+            print("ratebench test mutant: a parked request's grammar rolled back", file=sys.stderr, flush=True)
+
+cls._park_output_rate_request = park_forgetting_the_grammar
+"""
+
+
+def test_an_engine_whose_parked_structured_requests_lose_their_grammar_state_fails_structured_answers(
+        tmp_path, tiny_model):
+    """Every structured request is charged and timed like a plain one, and vLLM accepts each token its own
+    (rolled back) matcher allowed: the bound, spacing, reconciliation and vLLM's grammar check all pass.
+    structured-answers feeds each constrained answer's tokens to a fresh matcher of its constraint."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.scheduler": GRAMMAR_FORGETS_ON_PARK}, """
+[[scenarios]]
+kind = "request-options"
+user = "user-a"
+options = ["json-schema", "json-object", "regex", "choice", "allowed-token-ids", "chat"]
+max_tokens = 20
+""")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a parked request's grammar rolled back" in logs, "no structured request was parked: the path was not run"
+    assert ("structured-answers", None) in _failed(verdict), verdict.summary()
+    (check,) = [c for c in verdict.checks if c.name == "structured-answers"]
+    assert check.figure >= 2, check.explanation  # of the four grammars (a choice may end before it is parked)
+    # nothing else is wrong with the run: the answers are as long and as well timed as ever
+    assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
+
+
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()

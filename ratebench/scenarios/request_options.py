@@ -93,9 +93,13 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
             status, _ = await post_probe(ctx, engine, api, f"[{salt} warm {i}] Name three colours.",
                                          {"max_tokens": 2, "ignore_eos": True, "temperature": 0.0, **body})
             warm.append(f"{option} {status}")
+        # each stream's option and the body fields it sent, by stream index: structured-answers holds the
+        # constrained answers to their constraints (ratebench/analysis/structured.py)
+        bodies = [{"option": option, "api": api, "body": body}
+                  for option in p["options"] for api, body in [option_body(option, p["max_tokens"])]]
         await ctx.phase(engine, "request-options", reqs,
                         {p["user"]: {"streams": len(reqs), "backlogged": True}},
-                        params={"option_probes": warm})
+                        params={"option_probes": warm, "option_bodies": bodies})
 
     def estimate(limits):
         return at_limits(limits, [(p["user"], len(p["options"]), p["max_tokens"])])

@@ -8,6 +8,7 @@ from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.checks.base import CheckMeaning, RowContext, meanings, per_row, per_run
 from ratebench.analysis.load import RunData
 from ratebench.analysis.reconcile import cancel_problem
+from ratebench.analysis.structured import structured_conformance
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.thresholds import for_phase
 from ratebench.analysis.verdict import Check, Thresholds
@@ -25,6 +26,12 @@ MEANINGS = meanings({
                                    "got another request's KV, or lost its own",
                                    "requests.jsonl: the token_ids of the request the explanation names, against "
                                    "the same request (stream_index) in the baseline phase"),
+    "structured-answers": CheckMeaning("3", "an answer constrained by a JSON schema, a regex, a choice or a token "
+                                       "set broke its constraint: a request paused, given back its token, moved "
+                                       "out of its slot or resumed lost its grammar's state or was masked with "
+                                       "another request's",
+                                       "requests.jsonl: the token_ids of the request the explanation names, and "
+                                       "scenarios.json: the phase's option_bodies (its stream's constraint)"),
 })
 
 
@@ -98,4 +105,32 @@ def _answers_intact(run: RunData, th: Thresholds) -> list[Check]:
         if c.without_ids:
             text += f"; {c.without_ids} pairs without token ids not compared"
         out.append(Check("answers-intact", *ids, len(c.differing), 0, "<=", "requests", not c.differing, text))
+    return out
+
+
+@per_run(155)
+def structured_answers(run: RunData, s: RunSummary, th: Thresholds) -> list[Check]:
+    """Per request-options phase: every constrained answer obeys its constraint, as a fresh matcher of it
+    reads the answer's tokens (analysis/structured.py)."""
+    out = []
+    for c in structured_conformance(run):
+        ids = (c.scenario, c.phase, c.engine, None)
+        if c.not_made is not None and not c.checked:
+            out.append(Check("structured-answers", *ids, None, 0, "<=", "requests", None,
+                             f"not made: {c.not_made}"))
+            continue
+        text = (f"{len(c.broken)} of {c.checked} constrained answers ({', '.join(c.options)}; {c.tokens} tokens "
+                f"up to where each grammar ended) broke their constraint")
+        if c.broken:
+            b = c.broken[0]
+            text += (f"; first: {b.client_id} ({b.user or 'anonymous'}, {b.option}) at token {b.position}: "
+                     f"{b.token} after {b.before}, which a fresh matcher of its constraint refuses "
+                     f"(the answer up to it: {b.text[-80:]!r})")
+        if c.without_ids:
+            text += f"; {c.without_ids} without token ids not checked"
+        if c.errors:
+            text += f"; {c.errors} answered with an error (reconciliation judges those)"
+        if c.not_made:
+            text += f"; {c.not_made}"
+        out.append(Check("structured-answers", *ids, len(c.broken), 0, "<=", "requests", not c.broken, text))
     return out

@@ -1,0 +1,241 @@
+"""Structured answers (promise 3): an answer constrained by a grammar or a token set, paused for budget and
+resumed, still obeys its constraint.
+
+vLLM constrains a structured request (a JSON schema, a JSON object, a regex, a choice) with a grammar
+matcher that lives in the scheduler: each step the matcher, advanced by every token the request got,
+gives the mask of the tokens allowed next. The limiter parks such a request, gives its token back at
+the refund point, moves it out of its slot, preempts it and recomputes it: a mistake in any of these
+that advances the matcher twice, rolls it back, or masks the next token with another request's row
+leaves the answer as long and as well timed as before (the bound, spacing and reconciliation pass),
+and vLLM's own check accepts it (the engine's matcher is the one that went wrong). Only the answer's
+tokens, fed to a fresh matcher of the same constraint, show it.
+
+Which requests: the ``request-options`` phases, whose parameter ``option_bodies`` gives each stream's
+option and the request body fields it sent (by ``stream_index``). For each answer with token ids
+(``return_token_ids``) and no error:
+
+* ``response_format`` ``json_schema`` / ``json_object``, ``structured_outputs`` ``json`` / ``regex`` /
+  ``choice`` / ``grammar``: a fresh xgrammar matcher, compiled as vLLM 0.32.0's xgrammar backend compiles
+  it (any whitespace in JSON; a choice as the grammar ``root ::= "a" | "b"``), with the engine's stop
+  tokens (``model_stop_token_ids`` of the manifest) as the grammar's ends, must accept every token up to
+  the one that ends the grammar. After that the answer is free (the request runs to ``max_tokens`` with
+  ``ignore_eos``, and vLLM no longer masks a finished grammar).
+* ``allowed_token_ids``: every token is one of them.
+
+Other options (logit bias, penalties, bad words, stop strings, logprobs) shape or report the
+distribution without a rule an answer can be held to alone; answers-intact compares greedy answers of
+plain requests with the limiter-off engine's.
+
+The tokenizer is the served model's (the manifest's ``model_path``; transformers and xgrammar, both
+installed with vLLM). Where it or xgrammar cannot be loaded, or a run folder predates
+``option_bodies``, the check says why it was not made. Figures only; the check module applies the
+rule (no answer may break its constraint).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from ratebench.analysis.load import RunData
+
+KIND_REQUEST_OPTIONS = "request-options"
+SNIPPET = 8  # tokens shown before the first one refused
+
+
+@dataclass
+class Broken:
+    client_id: str
+    user: str | None
+    option: str
+    position: int  # index of the first token the constraint refuses
+    token: int
+    before: list[int]  # the tokens before it (the last SNIPPET)
+    text: str  # the answer's text up to and with that token, as the tokenizer decodes it
+
+
+@dataclass
+class PhaseConformance:
+    scenario: str
+    phase: str
+    engine: str
+    checked: int = 0  # answers held to their constraint
+    tokens: int = 0  # tokens of those answers held to it (up to where each grammar ended)
+    options: list[str] = field(default_factory=list)  # the constrained options seen
+    broken: list[Broken] = field(default_factory=list)
+    without_ids: int = 0  # constrained answers that came without token ids (not checked)
+    errors: int = 0  # constrained answers answered with an error (reconciliation judges those)
+    not_made: str | None = None  # why no answer of the phase could be checked
+
+
+def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
+    """(kind, spec) of a request body's constraint: ``json``, ``json_object``, ``regex``, ``choice``,
+    ``grammar`` (a grammar matcher) or ``allowed`` (a token set); None when the body has none."""
+    rf = body.get("response_format")
+    if isinstance(rf, dict):
+        if rf.get("type") == "json_schema":
+            js = rf.get("json_schema") or {}
+            schema = js.get("schema", js.get("json_schema"))
+            if schema is not None:
+                return "json", schema
+        if rf.get("type") == "json_object":
+            return "json_object", None
+    so = body.get("structured_outputs") or body.get("guided_decoding")
+    if isinstance(so, dict):
+        for kind in ("json", "regex", "choice", "grammar"):
+            if so.get(kind) is not None:
+                return kind, so[kind]
+        if so.get("json_object"):
+            return "json_object", None
+    if body.get("allowed_token_ids"):
+        return "allowed", [int(t) for t in body["allowed_token_ids"]]
+    return None
+
+
+class _Grammars:
+    """A tokenizer, its xgrammar compiler, and compiled grammars, for one model folder."""
+
+    def __init__(self, model_path: str) -> None:
+        import xgrammar as xgr
+        from transformers import AutoTokenizer
+
+        self.xgr = xgr
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        vocab_size = None
+        config = Path(model_path) / "config.json"
+        if config.is_file():
+            vocab_size = json.loads(config.read_text()).get("vocab_size")
+        info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=vocab_size or len(self.tokenizer))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._compiled: dict[tuple[str, str], Any] = {}
+
+    def compiled(self, kind: str, spec: Any):
+        key = (kind, json.dumps(spec, sort_keys=True))
+        if key not in self._compiled:
+            c = self.compiler
+            if kind == "json":
+                text = spec if isinstance(spec, str) else json.dumps(spec)
+                self._compiled[key] = c.compile_json_schema(text, any_whitespace=True)
+            elif kind == "json_object":
+                self._compiled[key] = c.compile_json_schema('{"type": "object"}', any_whitespace=True)
+            elif kind == "regex":
+                self._compiled[key] = c.compile_regex(spec)
+            elif kind == "choice":
+                self._compiled[key] = c.compile_grammar(_choice_grammar([str(x) for x in spec]))
+            elif kind == "grammar":
+                self._compiled[key] = c.compile_grammar(spec)
+            else:
+                raise ValueError(f"no grammar for {kind!r}")
+        return self._compiled[key]
+
+    def first_refused(self, kind: str, spec: Any, tokens: list[int], stop_ids: list[int]) -> tuple[int | None, int]:
+        """(index of the first token the grammar refuses or None, tokens held to it: up to the token that
+        ends the grammar)."""
+        matcher = self.xgr.GrammarMatcher(self.compiled(kind, spec), override_stop_tokens=stop_ids or None)
+        for i, t in enumerate(tokens):
+            if not matcher.accept_token(t):
+                return i, i + 1
+            if matcher.is_terminated():
+                return None, i + 1
+        return None, len(tokens)
+
+
+def _choice_grammar(choices: list[str]) -> str:
+    """vLLM 0.32.0's ``choice_as_grammar``: ``root ::= "a" | "b"``, the literals escaped for EBNF."""
+    escapes = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+
+    def esc(ch: str) -> str:
+        if ch in escapes:
+            return escapes[ch]
+        if ord(ch) < 0x20 or ord(ch) == 0x7F:
+            return f"\\u{ord(ch):04x}"
+        return ch
+
+    return "root ::= " + " | ".join('"' + "".join(esc(ch) for ch in c) + '"' for c in choices)
+
+
+@lru_cache(maxsize=4)
+def _grammars(model_path: str) -> _Grammars:
+    return _Grammars(model_path)
+
+
+def structured_conformance(run: RunData) -> list[PhaseConformance]:
+    """Per request-options phase: its constrained answers held to their constraints."""
+    phases = [p for p in run.phases if p.kind == KIND_REQUEST_OPTIONS]
+    if not phases:
+        return []
+    model_path = run.manifest.get("model_path")
+    stop_ids = [int(t) for t in (run.manifest.get("model_stop_token_ids") or [])]
+    grammars: _Grammars | None = None
+    load_problem: str | None = None
+    out = []
+    for ph in phases:
+        pc = PhaseConformance(ph.scenario, ph.phase, ph.engine)
+        out.append(pc)
+        bodies = ph.params.get("option_bodies")
+        if not isinstance(bodies, list):
+            pc.not_made = "the phase does not record its streams' options (a run folder from before option_bodies)"
+            continue
+        constraints: dict[int, tuple[str, str, Any]] = {}
+        for i, entry in enumerate(bodies):
+            if isinstance(entry, dict) and isinstance(entry.get("body"), dict):
+                c = constraint_of(entry["body"])
+                if c is not None:
+                    constraints[i] = (str(entry.get("option", i)), *c)
+        pc.options = [constraints[i][0] for i in sorted(constraints)]
+        if not constraints:
+            pc.not_made = "no stream of the phase carried a constraint an answer can be held to"
+            continue
+        records = [r for r in run.records if (r.scenario, r.phase, r.engine) == ph.key
+                   and r.stream_index in constraints]
+        needs_grammar = any(constraints[r.stream_index][1] != "allowed" for r in records)
+        if needs_grammar and grammars is None and load_problem is None:
+            if not model_path or not Path(model_path).is_dir():
+                load_problem = f"the served model's folder is not here ({model_path or 'none in the manifest'})"
+            else:
+                try:
+                    grammars = _grammars(str(model_path))
+                except Exception as exc:  # noqa: BLE001 - any failure to load is reported, not raised
+                    load_problem = f"could not load the model's tokenizer or xgrammar ({type(exc).__name__}: {exc})"
+        for r in records:
+            option, kind, spec = constraints[r.stream_index]
+            if r.error is not None:
+                pc.errors += 1
+                continue
+            if r.token_ids is None:
+                pc.without_ids += 1
+                continue
+            if kind != "allowed" and grammars is None:
+                continue
+            checker = grammars if kind != "allowed" else _ALLOWED
+            at, held = checker.first_refused(kind, spec, list(r.token_ids), stop_ids)
+            pc.checked += 1
+            pc.tokens += held
+            if at is not None:
+                text = ""
+                if grammars is not None:
+                    text = grammars.tokenizer.decode(r.token_ids[:at + 1])
+                pc.broken.append(Broken(r.client_id, r.user, option, at, int(r.token_ids[at]),
+                                        list(r.token_ids[max(0, at - SNIPPET):at]), text))
+        if not pc.checked and pc.not_made is None:
+            pc.not_made = load_problem or ("no constrained answer came with token ids" if pc.without_ids
+                                           else "no constrained answer without an error")
+    return out
+
+
+class _AllowedOnly:
+    """Token-set constraints need no tokenizer."""
+
+    @staticmethod
+    def first_refused(kind: str, spec: Any, tokens: list[int], stop_ids: list[int]) -> tuple[int | None, int]:
+        allowed = set(spec)
+        for i, t in enumerate(tokens):
+            if t not in allowed:
+                return i, i + 1
+        return None, len(tokens)
+
+
+_ALLOWED = _AllowedOnly()

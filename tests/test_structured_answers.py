@@ -1,0 +1,117 @@
+"""structured-answers: constrained answers held to their constraints by a fresh grammar matcher (the tiny
+model's real tokenizer and xgrammar; run folders built in memory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ratebench.analysis.checks.resume import structured_answers
+from ratebench.analysis.load import RunData
+from ratebench.analysis.structured import constraint_of, structured_conformance
+from ratebench.events import ClientRecord, PhaseRecord
+from ratebench.scenarios.request_options import OPTIONS, option_body
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model))
+
+
+def _bodies(options):
+    return [{"option": o, "api": option_body(o, 30)[0], "body": option_body(o, 30)[1]} for o in options]
+
+
+def _run(model: Path | None, options: list[str], answers: dict[int, list[int] | None], *,
+         bodies=True, error: set[int] = frozenset()) -> RunData:
+    params = {"option_bodies": _bodies(options)} if bodies else {"option_probes": [f"{o} 200" for o in options]}
+    phase = PhaseRecord(scenario="request-options", kind="request-options", phase="request-options",
+                        engine="patched-sync", start_ns=0, end_ns=10**9, users={}, params=params, index=0)
+    records = [ClientRecord(client_id=f"rb-x-{i}", scenario="request-options", phase="request-options",
+                            engine="patched-sync", user="user-b", api=option_body(options[i], 30)[0], stream_index=i,
+                            max_tokens=30, ignore_eos=True, token_ids=ids,
+                            error="HTTP 500" if i in error else None)
+               for i, ids in answers.items()]
+    manifest = {"model_path": str(model) if model else None, "model_stop_token_ids": [EOS]}
+    return RunData(run_dir=Path("."), manifest=manifest, phases=[phase], records=records, engines={}, traces={})
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_every_option_of_request_options_has_its_constraint_or_none():
+    kinds = {o: (constraint_of(option_body(o, 30)[1]) or (None,))[0] for o in OPTIONS}
+    assert kinds == {"json-schema": "json", "json-object": "json_object", "regex": "regex", "choice": "choice",
+                     "allowed-token-ids": "allowed", "logprobs": None, "top-logprobs": None, "penalties": None,
+                     "stop": None, "logit-bias": None, "bad-words": None, "min-tokens": None, "chat": None}
+
+
+def test_answers_that_obey_their_constraints_pass_and_the_free_tail_after_the_grammar_ends_is_free(
+        tiny_model, tokenizer):
+    junk = _ids(tokenizer, "}}} Not JSON at all [[[")
+    answers = {
+        0: _ids(tokenizer, '{"words": ["rate", "limit"]}') + [EOS] + junk,  # ended, then free (ignore_eos)
+        1: _ids(tokenizer, '{ "a" : [1, {"b": null}], "c": "d"') ,  # unfinished at max_tokens: a prefix
+        2: _ids(tokenizer, "tokens per second for everyone"),
+        3: _ids(tokenizer, "yes") + [EOS] + junk,
+        4: [100, 399, 250],
+    }
+    run = _run(tiny_model, ["json-schema", "json-object", "regex", "choice", "allowed-token-ids"], answers)
+    (c,) = structured_conformance(run)
+    assert c.checked == 5 and not c.broken and c.not_made is None, c
+    (check,) = structured_answers(run, None, None)
+    assert check.passed and check.figure == 0, check.explanation
+    assert "0 of 5 constrained answers" in check.explanation
+
+
+@pytest.mark.parametrize("option,text,bad_at_text", [
+    # the grammar's state rolled back a token: the opening brace again inside the object
+    ("json-schema", '{"words": ["rate", {', '{"words": ["rate", {'),
+    ("json-object", '{"a": 1}}', '{"a": 1}}'),
+    ("regex", "tokens per Second", "tokens per S"),
+    ("choice", "yeyes", "yey"),
+])
+def test_an_answer_that_breaks_its_grammar_fails_at_the_token_a_fresh_matcher_refuses(
+        tiny_model, tokenizer, option, text, bad_at_text):
+    ids = _ids(tokenizer, text)
+    run = _run(tiny_model, [option, "chat"], {0: ids, 1: _ids(tokenizer, "free text")})
+    (c,) = structured_conformance(run)
+    assert c.checked == 1 and len(c.broken) == 1, c
+    b = c.broken[0]
+    assert tokenizer.decode(ids[:b.position + 1]).startswith(tokenizer.decode(ids[:b.position]))
+    assert len(tokenizer.decode(ids[:b.position + 1])) >= len(bad_at_text) - 2
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and check.figure == 1
+    assert f"rb-x-0 (user-b, {option}) at token {b.position}" in check.explanation
+
+
+def test_a_token_outside_the_allowed_set_fails_without_a_tokenizer():
+    run = _run(None, ["allowed-token-ids"], {0: [100, 101, 7, 102]})
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and "at token 2: 7" in check.explanation
+
+
+def test_the_check_says_why_it_was_not_made():
+    run = _run(None, ["json-schema"], {0: [1, 2, 3]})
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is None and "served model's folder is not here" in check.explanation
+    run = _run(None, ["json-schema"], {0: [1, 2, 3]}, bodies=False)
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is None and "before option_bodies" in check.explanation
+    run = _run(None, ["logprobs", "chat"], {0: [1], 1: [2]})
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is None and "no stream of the phase carried a constraint" in check.explanation
+
+
+def test_answers_with_an_error_or_without_token_ids_are_named_not_judged(tiny_model, tokenizer):
+    run = _run(tiny_model, ["regex", "choice", "json-object"],
+               {0: _ids(tokenizer, "abc"), 1: None, 2: _ids(tokenizer, "{{")}, error={2})
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True and check.figure == 0
+    assert "1 without token ids" in check.explanation and "1 answered with an error" in check.explanation
