@@ -36,6 +36,7 @@ from mutants.broken import (
     KeptKVNeverGiven,
     NoClaims,
     NoWaitingPreemption,
+    NewStreamsHeldAfterPrefills,
     PenaltyAfterRefusal,
     QueueWaitsAtFullCap,
     QueuedWhileRefused,
@@ -189,6 +190,21 @@ def kv_tiny() -> Workload:
               backlogged={"user-a"}, params={"stream_wait": ["user-a"]}),
     ], scheduler_kw=dict(num_blocks=256, block_size=32, max_num_seqs=16, max_num_active_seqs=4,
                          max_num_batched_tokens=256, enable_prefix_caching=True))
+
+
+def stream_wait_prefill() -> Workload:
+    """user-a (20 tok/s) has two streams running when user-b, whose limit never binds, sends six
+    1,024-token prompts (24 full steps of 256 tokens: 0.72 s at 30 ms a step), and user-a's third
+    stream comes 10 ms after them. Light users' requests go before a throttled user's (rule 4), so the
+    new stream waits for its first token behind every full step of user-b's prompts: longer than
+    stream-wait's allowance for a stream of a user at 20 tok/s with three streams, which counts no
+    engine work. The check leaves those steps out of the wait (another request also waited for its
+    first token as each began), and judges what remains."""
+    return Workload(default_tps=100, user_tps={"user-a": 20, "user-b": 100_000}, phases=[
+        Phase("prefills", [Stream("user-a", 60), Stream("user-a", 60), Stream("user-a", 30, start_s=0.45)]
+              + [Stream("user-b", 4, prompt_len=1024, start_s=0.4) for _ in range(6)],
+              backlogged={"user-a"}, params={"stream_wait": ["user-a"]}),
+    ], scheduler_kw=dict(max_num_seqs=16, max_num_batched_tokens=256))
 
 
 def active_places() -> Workload:
@@ -390,7 +406,7 @@ def prefill_of_another_user() -> Workload:
 prefill_of_another_user_priority = _under_priority(prefill_of_another_user, {})
 
 
-ALL_WORKLOADS = {**WORKLOADS, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
+ALL_WORKLOADS = {**WORKLOADS, "stream_wait_prefill": stream_wait_prefill, "kv_isolation": kv_isolation, "kv_recompute": kv_recompute, "unbound_crowd": unbound_crowd,
                  "crowd_slots": crowd_slots, "unbound_places": unbound_places,
                  "prefill_beside_decodes": prefill_beside_decodes,
                  "prefill_of_another_user": prefill_of_another_user,
@@ -1102,3 +1118,36 @@ def test_a_penalty_that_outlives_the_budget_is_rejected(judged, async_scheduling
     violating = int(wc.explanation.split(" of ")[0])
     assert found > 100 and violating - found <= 2 and wc.figure > 10, wc.explanation
     assert_correct_passes(judged, "crowd_mix", async_scheduling)
+
+
+class NewStreamsHeldOnlyForPrefills(NewStreamsHeldAfterPrefills):
+    """The same gate without the quiet spell: a new stream waits only while another user's prompts are
+    prefilled (as the limiter-off engine, first come first served, queues it behind prompts sent before it)."""
+
+    name = "new-streams-held-for-prefills"
+    HOLD_NS = 0
+
+
+@SYNC_AND_ASYNC
+def test_a_new_stream_held_past_another_users_prefill_steps_fails_stream_wait(judged, async_scheduling):
+    """stream-wait leaves out of a first token's wait the engine's full steps that began while another
+    request also waited for its first token (other prompts' prefill, which a stream queues behind with the
+    limiter on or off). Through the real scheduler: user-a's third stream held while user-b's six 1,024-token
+    prompts are prefilled (690 ms of full steps) waits 870 ms for its first token, 180 ms once those steps
+    are left out, and passes (it would fail the 600 ms allowance without the rule); held 0.8 s longer, as a
+    gate waiting for a quiet spell would, it waits 1.68 s, 960 ms with the steps left out, and fails. The
+    shipped patch serves the new stream in its user's turn (its longest wait 150 ms)."""
+    ms = 0.03
+    _, held = judged("stream_wait_prefill", NewStreamsHeldAfterPrefills, async_scheduling=async_scheduling,
+                     step_s=ms)
+    assert_rejected_by(held, {("stream-wait", "prefills", "user-a")}, only={"stream-wait"})
+    wait = check(held, "stream-wait", "prefills", "user-a")
+    assert wait.figure > wait.threshold == 600 and "first token (less 690 ms of full engine steps" in \
+        wait.explanation, wait.explanation
+    _, excused = judged("stream_wait_prefill", NewStreamsHeldOnlyForPrefills, async_scheduling=async_scheduling,
+                        step_s=ms)
+    wait = check(excused, "stream-wait", "prefills", "user-a")
+    assert wait.passed and "first token (less 690 ms of full engine steps" in wait.explanation, wait.explanation
+    assert excused.passed, excused.summary()
+    _, shipped = judged("stream_wait_prefill", async_scheduling=async_scheduling, step_s=ms)
+    assert shipped.passed, shipped.summary()

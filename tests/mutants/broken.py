@@ -561,3 +561,46 @@ class StreamsKeepTheirPlaces(Mutant):
             return bench(now_ns)
 
         scheduler._bench_output_rate_running = bench_without_stream_turns
+
+
+class NewStreamsHeldAfterPrefills(Mutant):
+    """An admission gate that keeps a new request of a user with requests running out of the scheduler
+    while another user's prompt is being prefilled, and then for ``HOLD_NS`` more (a gate that waits for the
+    engine to go quiet, then for a quiet spell): the stream waits behind the other user's full prefill
+    steps, as it may, and then long after them, while its siblings take every token of its user."""
+
+    name = "new-streams-held-after-prefills"
+    HOLD_NS = 800_000_000
+
+    def apply(self, scheduler) -> None:
+        clock = scheduler.output_rate_limiter.clock_ns
+        add, schedule = scheduler.add_request, scheduler.schedule
+        held: list = []
+        quiet_since: list[int | None] = [None]
+
+        def add_request(request) -> None:
+            user = request.output_rate_user
+            mine = [r for r in scheduler.requests.values() if r.output_rate_user == user]
+            if mine and any(r.output_rate_user != user and r.num_computed_tokens < r.num_prompt_tokens
+                            for r in scheduler.requests.values()):
+                held.append(request)
+            else:
+                add(request)
+
+        def gated_schedule():
+            now = clock()
+            if held:
+                users = {r.output_rate_user for r in held}
+                busy = any(r.output_rate_user not in users and r.num_computed_tokens < r.num_prompt_tokens
+                           for r in scheduler.requests.values())
+                if busy:
+                    quiet_since[0] = None
+                elif quiet_since[0] is None:
+                    quiet_since[0] = now
+                elif now - quiet_since[0] >= self.HOLD_NS:
+                    while held:
+                        add(held.pop(0))
+            return schedule()
+
+        scheduler.add_request = add_request
+        scheduler.schedule = gated_schedule
