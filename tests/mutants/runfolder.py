@@ -139,10 +139,17 @@ class _Recorder:
         self.finish: dict[str, tuple[int, str, int]] = {}  # req -> (t, reason, total)
         self.timed_out: set[str] = set()  # requests the client gave up on (the phase's max_s)
         self.requests: dict[str, object] = {}  # every request added (the scheduler forgets finished ones)
+        # a step's duration from what it scheduled (run_workload's step_s_per_token), and the engine whose
+        # clock it advances; None: the step time the driver set
+        self.step_cost = None
+        self.engine: Engine | None = None
         schedule, update = scheduler.schedule, scheduler.update_from_output
 
         def recording_schedule():
             out = schedule()
+            if self.step_cost is not None:
+                self.current_step_ns = self.step_cost(out)
+                self.engine.step_ns = self.current_step_ns
             self.step_of[id(out)] = (clock(), self.current_step_ns)
             return out
 
@@ -176,10 +183,14 @@ def run_workload(
     step_s: float = 0.005,
     step_jitter: float = 0.0,
     seed: int = 0,
+    step_s_per_token: float = 0.0,
 ) -> HarnessRun:
     """Drive the workload through the real scheduler (with ``mutant`` applied) and write a run folder.
 
-    ``step_jitter``: each step lasts ``step_s * uniform(1 - j, 1 + j)``.
+    ``step_jitter``: each step lasts ``step_s * uniform(1 - j, 1 + j)``. ``step_s_per_token``: each step
+    lasts ``step_s`` plus this much per token it scheduled, as on a CPU, where a 256-token prompt chunk
+    makes a step ten times a decode step's length (a GPU's steps cost about the same whatever they
+    carry: the default, 0); with it, ``step_jitter`` is not applied.
     """
     run_dir = Path(run_dir)
     (run_dir / "engines" / ENGINE).mkdir(parents=True, exist_ok=True)
@@ -203,6 +214,10 @@ def run_workload(
         mutant.apply(scheduler)
         engine = Engine(scheduler, clock, step_s=step_s)
         rec = _Recorder(scheduler, clock, engine.is_async, rng)
+        if step_s_per_token:
+            rec.engine = engine
+            rec.step_cost = lambda out: round(
+                (step_s + step_s_per_token * out.total_num_scheduled_tokens) * NS_PER_S)
         client, scen, user_of_req, steps = _drive(engine, rec, workload, mutant, step_s, step_jitter, rng)
         scheduler.shutdown()
         raw = read_engine_events(raw_events)
