@@ -22,7 +22,8 @@ from ratebench.runner import RunOptions, run_profile
 pytestmark = pytest.mark.e2e
 
 PROFILE = e2e_profile(
-    "test: two engines behind HAProxy", {"user-a": 30, "user-d": 30, "user-l": 1000, "user-m": 1000}, """
+    "test: two engines behind HAProxy", {"user-a": 30, "user-d": 30, "user-l": 1000, "user-m": 1000,
+                                          "user-n": 1000, "user-o": 1000}, """
 [[scenarios]]
 kind = "fleet"
 users = ["user-a", "user-d"]
@@ -32,7 +33,7 @@ engines = 2
 failover_after_s = 1.0
 failover_requests = 4
 failover_max_tokens = 12
-light_users = ["user-l", "user-m"]
+light_users = ["user-l", "user-m", "user-n", "user-o"]
 light_requests = 10
 light_max_tokens = 8
 light_every_s = 0.2
@@ -45,7 +46,7 @@ FLEET = "fleet2-sync"
 MEMBERS = ["patched-sync.e0", "patched-sync.e1"]
 OFF_FLEET = "fleet2-off-sync"  # the same requests on limiter-off engines: the isolation baseline
 OFF_MEMBERS = ["feature-off-sync.e0", "feature-off-sync.e1"]
-HEAVY, LIGHT = ("user-a", "user-d"), ("user-l", "user-m")
+HEAVY, LIGHT = ("user-a", "user-d"), ("user-l", "user-m", "user-n", "user-o")
 FLEET_BOUNDS = ("fleet-bound-dispatch", "fleet-bound-emit", "fleet-bound-client")
 
 
@@ -68,7 +69,8 @@ def test_every_request_went_through_the_balancer_and_names_the_engine_that_serve
     records = [json.loads(line) for line in (fleet_run.run_dir / "requests.jsonl").read_text().splitlines()]
     base = [r for r in records if r["phase"].endswith("-baseline")]
     records = [r for r in records if r["phase"] in ("round-robin", "user-hash")]  # failover: see its test
-    assert len(records) == len(base) == 2 * (2 * 2 + 2 * 10)  # two policies; two users' two streams, 10 light answers
+    assert len(records) == len(base) == 2 * (2 * 2 + 4 * 10)  # two policies; two users' two streams, 10 light answers
+    # of each of four light users
     assert all(r["fleet"] == FLEET and r["engine"] in MEMBERS and r["error"] is None for r in records)
     assert all(r["fleet"] == OFF_FLEET and r["engine"] in OFF_MEMBERS and r["error"] is None for r in base)
     assert all(r["completion_tokens"] == (24 if r["user"] in HEAVY else 8) for r in records + base)
@@ -218,14 +220,14 @@ def test_the_light_users_fare_across_the_fleet_as_on_the_limiter_off_fleet(fleet
         binding = checks[(policy, "isolation-binding")]
         # the backlogged users are bound (refused on the fleet, and past their limits on the baseline)
         assert "user-a" in binding.explanation and "user-d" in binding.explanation, binding.explanation
-        assert binding.figure == 2 and "unbound users (2 users)" in binding.explanation, binding.explanation
+        assert binding.figure == 4 and "unbound users (4 users)" in binding.explanation, binding.explanation
         for name in ("isolation-ttft", "isolation-ttft-p90", "isolation-e2e-p50", "isolation-e2e-p90",
                      "isolation-gap-p50", "isolation-gap-p90", "isolation-rate"):
             c = checks[(policy, name)]
             assert c.user == "unbound users" and "user-l" in c.explanation and "user-m" in c.explanation
             assert f"{policy}-baseline@{OFF_FLEET}" in c.explanation and "client side" in c.explanation
-            assert c.passed, c.explanation  # judged (20 samples a side: p90 too), and passing
-        assert checks[(policy, "isolation-ttft-p99")].passed is None  # 20 samples: too few for a p99
+            assert c.passed, c.explanation  # judged (40 samples a side: p90 too), and passing
+        assert checks[(policy, "isolation-ttft-p99")].passed is None  # 40 samples: too few for a p99
     assert not _isolation(fleet_run.verdict.checks, OFF_FLEET)  # the baseline is not judged against itself
 
 
