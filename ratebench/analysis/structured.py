@@ -210,8 +210,10 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
                 continue
             if kind != "allowed" and grammars is None:
                 continue
-            checker = grammars if kind != "allowed" else _ALLOWED
-            at, held = checker.first_refused(kind, spec, list(r.token_ids), stop_ids)
+            if kind == "allowed":
+                at, held = _first_not_allowed(spec, list(r.token_ids))
+            else:
+                at, held = grammars.first_refused(kind, spec, list(r.token_ids), stop_ids)
             pc.checked += 1
             pc.tokens += held
             if at is not None:
@@ -226,16 +228,10 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
     return out
 
 
-class _AllowedOnly:
-    """Token-set constraints need no tokenizer."""
-
-    @staticmethod
-    def first_refused(kind: str, spec: Any, tokens: list[int], stop_ids: list[int]) -> tuple[int | None, int]:
-        allowed = set(spec)
-        for i, t in enumerate(tokens):
-            if t not in allowed:
-                return i, i + 1
-        return None, len(tokens)
-
-
-_ALLOWED = _AllowedOnly()
+def _first_not_allowed(allowed_ids: list[int], tokens: list[int]) -> tuple[int | None, int]:
+    """(index of the first token outside ``allowed_ids`` or None, tokens held to the set); no tokenizer."""
+    allowed = set(allowed_ids)
+    for i, t in enumerate(tokens):
+        if t not in allowed:
+            return i, i + 1
+    return None, len(tokens)
