@@ -45,7 +45,8 @@ environment variable ``VLLM_OUTPUT_RATE_EVENTS_FILE`` names a file:
       throttled     uint32  of the resident, those parked because their user is out of budget
       waiting       uint32  requests in the waiting queue after the step
       waiting_ready uint32  of them, those whose user could be charged at t_ns (a user
-                            with budget; with the limiter off: all)
+                            with budget; with the limiter off: all), less those whose
+                            structured-output grammar is still being compiled
       yielded       uint32  throttled residents preempted this step for a request of a
                             user with budget
       kv_free       uint32  free KV blocks after the step

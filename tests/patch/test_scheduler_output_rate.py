@@ -432,6 +432,46 @@ def test_the_step_record_measures_the_kv_a_ready_request_lacks(tmp_path, monkeyp
     s.shutdown()
 
 
+@pytest.mark.parametrize("limiter", [True, False])
+def test_the_step_record_does_not_count_a_request_waiting_for_its_grammar_ready(tmp_path, monkeypatch, limiter):
+    """A structured-output request whose grammar is still being compiled is skipped by the waiting loop
+    (as upstream's): it waits for its grammar, not for budget, so the step record counts it waiting
+    but not ready, and measures no KV need for it (the work-conservation check reads both; counted
+    ready, a request of cpu-tiny's request-options phase made three steps of a run look like a place
+    held from it while its regex compiled). Once its grammar is in place it is ready again."""
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+    from vllm.v1.request import Request
+
+    monkeypatch.setenv("VLLM_OUTPUT_RATE_EVENTS_FILE", str(tmp_path / "events.rbev"))
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1000 if limiter else None, max_num_seqs=4, max_num_active_seqs=2,
+                         clock=clock)
+    records = []
+    shipped_step = s.output_rate_events.step
+    s.output_rate_events.step = lambda record: (records.append(record), shipped_step(record))
+    e = Engine(s, clock, step_s=0.01)
+    e.add(make_request("plain", user="a", prompt_len=8, max_tokens=20))
+    plain = make_request("regex", user="b", prompt_len=8, max_tokens=5)
+    params = SamplingParams(max_tokens=5, ignore_eos=True, extra_args={"output_rate_user": "b"},
+                            structured_outputs=StructuredOutputsParams(regex="[a-z]+"))
+    compiling = Request(request_id="regex", prompt_token_ids=plain.prompt_token_ids, sampling_params=params,
+                        pooling_params=None)
+    assert compiling.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    e.add(compiling)
+    for _ in range(3):
+        e.step()
+        (_, reqs, _, resident, throttled, waiting, ready, _, _, ready_blocks) = records[-1]
+        assert (reqs, resident, throttled, waiting, ready, ready_blocks) == (1, 1, 0, 1, 0, 0)
+    assert compiling.status == RequestStatus.WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR
+    compiling.status = RequestStatus.WAITING  # as if its grammar were compiled: a plain waiting request
+    compiling.structured_output_request = None
+    e.step()
+    assert compiling.num_computed_tokens > 0 and not s._output_rate_grammar_waiting
+    e.run_for_s(2)
+    e.drain()
+    s.shutdown()
+
+
 def test_running_loop_schedules_at_most_the_active_cap():
     clock = FakeClock()
     s = create_scheduler(
