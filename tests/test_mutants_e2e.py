@@ -484,6 +484,52 @@ max_tokens = 20
     assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
 
 
+# The model runner drops a request from its persistent batch in a step that does not schedule it (a parked
+# request) and adds it back when it runs again. Here, added back, it comes without its bad words (as a
+# limiter that rebuilt a parked request's sampling state from part of its parameters would leave it): the
+# ban holds for the first stretch of the answer only. Every token is charged and timed as before.
+BAD_WORDS_LOST_ON_READD = """
+cls = module.InputBatch
+shipped_add = cls.add_request
+
+def add_request_forgetting_bad_words(self, request):
+    index = shipped_add(self, request)
+    seen = self.__dict__.setdefault("_mutant_seen", set())
+    if request.req_id in seen and self.bad_words_token_ids.pop(index, None) is not None:
+        if not self.__dict__.get("_mutant_said"):
+            self._mutant_said = True
+            print("ratebench test mutant: a request added back without its bad words", file=sys.stderr, flush=True)
+    seen.add(request.req_id)
+    return index
+
+cls.add_request = add_request_forgetting_bad_words
+"""
+
+
+def test_an_engine_whose_parked_requests_come_back_without_their_bad_words_fails_structured_answers(
+        tmp_path, tiny_model):
+    """The bad-words stream of a throttled user is parked between its tokens, out of the model runner's
+    batch; added back without its ban it says the bad word (the tiny model says " re" every other token).
+    Its tokens are charged and timed as before; structured-answers expands the words as vLLM does and
+    finds the banned sequence in the answer."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.worker.gpu_input_batch": BAD_WORDS_LOST_ON_READD}, """
+[[scenarios]]
+kind = "request-options"
+user = "user-a"
+options = ["bad-words", "chat"]
+bad_words = ["re"]
+max_tokens = 20
+""")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a request added back without its bad words" in logs, "no bad-words request was added back: not run"
+    assert ("structured-answers", None) in _failed(verdict), verdict.summary()
+    (check,) = [c for c in verdict.checks if c.name == "structured-answers"]
+    assert check.figure == 1 and "(user-a, bad-words)" in check.explanation, check.explanation
+    assert "the token sequence [299]" in check.explanation or "the token sequence [268]" in check.explanation
+    # nothing else is wrong with the run
+    assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
+
+
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()

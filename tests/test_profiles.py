@@ -187,6 +187,15 @@ def test_request_options_must_be_known_distinct_and_two_at_least() -> None:
     parse_profile(data, "my.toml")
 
 
+def test_request_options_bad_words_are_words() -> None:
+    data = _cpu_tiny()
+    i = next(k for k, s in enumerate(data["scenarios"]) if s["kind"] == "request-options")
+    data["scenarios"][i]["bad_words"] = ["  "]
+    _refused(data, f"scenarios[{i}].bad_words", "one word at least, none empty")
+    data["scenarios"][i]["bad_words"] = []
+    _refused(data, f"scenarios[{i}].bad_words", "")
+
+
 def test_rate_zero_or_negative_is_refused() -> None:
     data = _cpu_tiny()
     data["limits"]["default_tps"] = 0

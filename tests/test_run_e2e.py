@@ -106,6 +106,7 @@ max_tokens = 20
 kind = "request-options"
 user = "user-a"                  # 100 tok/s over 13 streams, one per option users send: the budget binds
 max_tokens = 10
+bad_words = ["re"]               # the tiny model says " re" every other token: the ban binds
 
 [[scenarios]]
 kind = "anonymous-and-spoofing"
@@ -436,13 +437,13 @@ def test_every_request_option_is_served_whole_and_charged_to_its_user(small_run)
     phases = [p for p in json.loads((outcome.run_dir / "scenarios.json").read_text())
               if p["scenario"] == "request-options"]
     assert phases and all(p["params"]["option_probes"] == [f"{o} 200" for o in OPTIONS] for p in phases)
-    # the constrained answers (json-schema, json-object, regex, choice, allowed-token-ids) obey their
-    # constraints, held to fresh grammar matchers with the model's tokenizer
+    # the constrained answers (json-schema, json-object, regex, choice, allowed-token-ids, bad-words) obey
+    # their constraints, held to fresh grammar matchers and vLLM's bad-word sequences with the model's tokenizer
     from ratebench.verify import analyse_run
 
     checks = [c for c in analyse_run(outcome.run_dir).verdict.checks if c.name == "structured-answers"]
     assert len(checks) == len(phases), checks
-    assert all(c.passed and c.explanation.startswith("0 of 5 constrained answers") for c in checks), \
+    assert all(c.passed and c.explanation.startswith("0 of 6 constrained answers") for c in checks), \
         [c.explanation for c in checks]
 
 

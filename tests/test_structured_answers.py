@@ -23,13 +23,15 @@ def tokenizer(tiny_model):
     return AutoTokenizer.from_pretrained(str(tiny_model))
 
 
-def _bodies(options):
-    return [{"option": o, "api": option_body(o, 30)[0], "body": option_body(o, 30)[1]} for o in options]
+def _bodies(options, bad_words=None):
+    return [{"option": o, "api": option_body(o, 30, bad_words)[0], "body": option_body(o, 30, bad_words)[1]}
+            for o in options]
 
 
 def _run(model: Path | None, options: list[str], answers: dict[int, list[int] | None], *,
-         bodies=True, error: set[int] = frozenset()) -> RunData:
-    params = {"option_bodies": _bodies(options)} if bodies else {"option_probes": [f"{o} 200" for o in options]}
+         bodies=True, error: set[int] = frozenset(), bad_words=None) -> RunData:
+    params = ({"option_bodies": _bodies(options, bad_words)} if bodies
+              else {"option_probes": [f"{o} 200" for o in options]})
     phase = PhaseRecord(scenario="request-options", kind="request-options", phase="request-options",
                         engine="patched-sync", start_ns=0, end_ns=10**9, users={}, params=params, index=0)
     records = [ClientRecord(client_id=f"rb-x-{i}", scenario="request-options", phase="request-options",
@@ -49,7 +51,11 @@ def test_every_option_of_request_options_has_its_constraint_or_none():
     kinds = {o: (constraint_of(option_body(o, 30)[1]) or (None,))[0] for o in OPTIONS}
     assert kinds == {"json-schema": "json", "json-object": "json_object", "regex": "regex", "choice": "choice",
                      "allowed-token-ids": "allowed", "logprobs": None, "top-logprobs": None, "penalties": None,
-                     "stop": None, "logit-bias": None, "bad-words": None, "min-tokens": None, "chat": None}
+                     "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": None, "chat": None}
+    # the profile's words replace the bad-words option's default, and only its
+    assert option_body("bad-words", 30, ["re"])[1]["bad_words"] == ["re"]
+    assert option_body("bad-words", 30)[1]["bad_words"] == ["the"]
+    assert "bad_words" not in option_body("regex", 30, ["re"])[1]
 
 
 def test_answers_that_obey_their_constraints_pass_and_the_free_tail_after_the_grammar_ends_is_free(
@@ -115,3 +121,42 @@ def test_answers_with_an_error_or_without_token_ids_are_named_not_judged(tiny_mo
     (check,) = structured_answers(run, None, None)
     assert check.passed is True and check.figure == 0
     assert "1 without token ids" in check.explanation and "1 answered with an error" in check.explanation
+
+
+def test_bad_words_are_expanded_into_token_sequences_as_vllm_expands_them(tiny_model):
+    """The words as is and with a leading space, the spaced form kept only when it is a new token of the
+    same length: on the tiny model's tokenizer "the" bans [86, 261] but not " the" (one token), "re" both
+    [268] and " re" (299, a token the tiny model says every other token)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.tokenizers import get_tokenizer
+
+    from ratebench.analysis.structured import _grammars
+
+    words = ["re", "the", "rate limit", " that"]
+    sp = SamplingParams(bad_words=words)
+    sp.update_from_tokenizer(get_tokenizer(str(tiny_model)))
+    assert _grammars(str(tiny_model)).bad_word_sequences(words) == sp.bad_words_token_ids
+    assert [299] in sp.bad_words_token_ids
+
+
+def test_an_answer_that_says_a_bad_word_fails_where_the_sequence_completes(tiny_model, tokenizer):
+    ok = [796, 2, 300, 2, 300]
+    said = [796, 2, 300, 2, 299, 2]  # " re" at token 4
+    run = _run(tiny_model, ["bad-words", "chat"], {0: said, 1: ok}, bad_words=["re"])
+    (c,) = structured_conformance(run)
+    assert c.checked == 1 and [b.position for b in c.broken] == [4], c
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and check.figure == 1
+    assert "rb-x-0 (user-b, bad-words) at token 4: 299" in check.explanation
+    assert "completes the bad word ['re'] as vLLM bans it: the token sequence [299]" in check.explanation
+    run = _run(tiny_model, ["bad-words", "chat"], {0: ok, 1: said}, bad_words=["re"])
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True and "0 of 1 constrained answers (bad-words" in check.explanation
+
+
+def test_a_bad_word_of_several_tokens_is_banned_only_whole_within_the_answer(tiny_model):
+    """vLLM bans a sequence's last token after its others among the answer's own tokens: "the" is
+    [86, 261] here, so 261 alone (its first token in the prompt) passes, and 86 then 261 fails."""
+    run = _run(tiny_model, ["bad-words", "chat"], {0: [261, 5, 86, 7, 261, 86, 261], 1: [1]}, bad_words=["the"])
+    (c,) = structured_conformance(run)
+    assert [b.position for b in c.broken] == [6], c

@@ -21,10 +21,17 @@ option and the request body fields it sent (by ``stream_index``). For each answe
   the one that ends the grammar. After that the answer is free (the request runs to ``max_tokens`` with
   ``ignore_eos``, and vLLM no longer masks a finished grammar).
 * ``allowed_token_ids``: every token is one of them.
+* ``bad_words``: no token completes a bad word's token sequence within the answer. The words are
+  expanded as vLLM 0.32.0's ``SamplingParams.update_from_tokenizer`` expands them (each word as is and
+  with a leading space, the spaced form kept when it is a new word token of the same length), and
+  banned as its sampler bans them: a sequence's last token after its other tokens, all among the
+  answer's tokens (the prompt's are not looked at). The ban lives in the model runner's persistent batch,
+  per row: a limiter that parks a request out of the batch and brings it back without its sampling
+  state, or with another row's, lets a bad word through.
 
-Other options (logit bias, penalties, bad words, stop strings, logprobs) shape or report the
-distribution without a rule an answer can be held to alone; answers-intact compares greedy answers of
-plain requests with the limiter-off engine's.
+Other options (logit bias, penalties, stop strings, logprobs) shape or report the distribution without
+a rule an answer can be held to alone; answers-intact compares greedy answers of plain requests with
+the limiter-off engine's.
 
 The tokenizer is the served model's (the manifest's ``model_path``; transformers and xgrammar, both
 installed with vLLM). Where it or xgrammar cannot be loaded, or a run folder predates
@@ -55,6 +62,7 @@ class Broken:
     token: int
     before: list[int]  # the tokens before it (the last SNIPPET)
     text: str  # the answer's text up to and with that token, as the tokenizer decodes it
+    why: str = "which a fresh matcher of its constraint refuses"
 
 
 @dataclass
@@ -73,7 +81,8 @@ class PhaseConformance:
 
 def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
     """(kind, spec) of a request body's constraint: ``json``, ``json_object``, ``regex``, ``choice``,
-    ``grammar`` (a grammar matcher) or ``allowed`` (a token set); None when the body has none."""
+    ``grammar`` (a grammar matcher), ``allowed`` (a token set) or ``bad_words`` (words banned); None when
+    the body has none."""
     rf = body.get("response_format")
     if isinstance(rf, dict):
         if rf.get("type") == "json_schema":
@@ -92,6 +101,8 @@ def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
             return "json_object", None
     if body.get("allowed_token_ids"):
         return "allowed", [int(t) for t in body["allowed_token_ids"]]
+    if body.get("bad_words"):
+        return "bad_words", [str(w) for w in body["bad_words"]]
     return None
 
 
@@ -130,6 +141,18 @@ class _Grammars:
             else:
                 raise ValueError(f"no grammar for {kind!r}")
         return self._compiled[key]
+
+    def bad_word_sequences(self, words: list[str]) -> list[list[int]]:
+        """vLLM 0.32.0's expansion of ``bad_words`` into token sequences (``update_from_tokenizer``)."""
+        out: list[list[int]] = []
+        for word in words:
+            for prefix in ("", " "):
+                ids = list(self.tokenizer.encode(prefix + word.lstrip(), add_special_tokens=False))
+                if not ids:
+                    continue
+                if not prefix or (out and ids[0] != out[-1][0] and len(ids) == len(out[-1])):
+                    out.append(ids)
+        return out
 
     def first_refused(self, kind: str, spec: Any, tokens: list[int], stop_ids: list[int]) -> tuple[int | None, int]:
         """(index of the first token the grammar refuses or None, tokens held to it: up to the token that
@@ -210,8 +233,17 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
                 continue
             if kind != "allowed" and grammars is None:
                 continue
+            why = "which a fresh matcher of its constraint refuses"
             if kind == "allowed":
                 at, held = _first_not_allowed(spec, list(r.token_ids))
+                why = "which is not among its allowed token ids"
+            elif kind == "bad_words":
+                sequences = grammars.bad_word_sequences(spec)
+                at, held = first_bad_word(sequences, list(r.token_ids))
+                if at is not None:
+                    seq = next(q for q in sequences if r.token_ids[at] == q[-1]
+                               and list(r.token_ids[at - len(q) + 1:at]) == q[:-1])
+                    why = f"which completes the bad word {spec} as vLLM bans it: the token sequence {seq}"
             else:
                 at, held = grammars.first_refused(kind, spec, list(r.token_ids), stop_ids)
             pc.checked += 1
@@ -221,7 +253,7 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
                 if grammars is not None:
                     text = grammars.tokenizer.decode(r.token_ids[:at + 1])
                 pc.broken.append(Broken(r.client_id, r.user, option, at, int(r.token_ids[at]),
-                                        list(r.token_ids[max(0, at - SNIPPET):at]), text))
+                                        list(r.token_ids[max(0, at - SNIPPET):at]), text, why))
         if not pc.checked and pc.not_made is None:
             pc.not_made = load_problem or ("no constrained answer came with token ids" if pc.without_ids
                                            else "no constrained answer without an error")
@@ -234,4 +266,16 @@ def _first_not_allowed(allowed_ids: list[int], tokens: list[int]) -> tuple[int |
     for i, t in enumerate(tokens):
         if t not in allowed:
             return i, i + 1
+    return None, len(tokens)
+
+
+def first_bad_word(sequences: list[list[int]], tokens: list[int]) -> tuple[int | None, int]:
+    """(index of the first token that completes one of ``sequences`` within ``tokens``, or None; tokens
+    held to the ban): vLLM's sampler bans a sequence's last token when the tokens before it are the
+    sequence's others, among the answer's own tokens."""
+    for i in range(len(tokens)):
+        for seq in sequences:
+            n = len(seq)
+            if n - 1 <= i and tokens[i] == seq[-1] and tokens[i - n + 1:i] == seq[:-1]:
+                return i, i + 1
     return None, len(tokens)

@@ -56,13 +56,20 @@ PARAMS: dict[str, tuple[str, Any]] = {
     "options": ("str_list", list(OPTIONS)),  # one stream each, sent at once
     "max_tokens": ("pos_int", 30),
     "prompt_tokens": ("pos_int", 32),
+    # the bad-words option's words: ones the served model says, so that the ban binds and an answer that
+    # breaks it shows (structured-answers); a model that never says them makes that stream a plain one
+    "bad_words": ("str_list", ["the"]),
 }
 
 
-def option_body(option: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """The API and body fields of one option's request."""
+def option_body(option: str, max_tokens: int, bad_words: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+    """The API and body fields of one option's request (``bad_words``: the bad-words option's words, its
+    default when None)."""
     api, body = OPTIONS[option]
-    return api, {k: (max_tokens if v is None else v) for k, v in body.items()}
+    body = {k: (max_tokens if v is None else v) for k, v in body.items()}
+    if bad_words is not None and "bad_words" in body:
+        body["bad_words"] = list(bad_words)
+    return api, body
 
 
 def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -74,7 +81,7 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         salt = phase_salt(ctx, engine, "options")
         reqs = []
         for i, option in enumerate(p["options"]):
-            api, body = option_body(option, p["max_tokens"])
+            api, body = option_body(option, p["max_tokens"], p["bad_words"])
             if api == "chat":
                 prompt: list[int] | str = maker.text_prompt(p["prompt_tokens"], f"{salt}-{i}")
                 exact = None
@@ -89,14 +96,14 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         # (its id says so: no phase's), so the phase's streams meet a warm engine.
         warm = []
         for i, option in enumerate(p["options"]):
-            api, body = option_body(option, 2)
+            api, body = option_body(option, 2, p["bad_words"])
             status, _ = await post_probe(ctx, engine, api, f"[{salt} warm {i}] Name three colours.",
                                          {"max_tokens": 2, "ignore_eos": True, "temperature": 0.0, **body})
             warm.append(f"{option} {status}")
         # each stream's option and the body fields it sent, by stream index: structured-answers holds the
         # constrained answers to their constraints (ratebench/analysis/structured.py)
         bodies = [{"option": option, "api": api, "body": body}
-                  for option in p["options"] for api, body in [option_body(option, p["max_tokens"])]]
+                  for option in p["options"] for api, body in [option_body(option, p["max_tokens"], p["bad_words"])]]
         await ctx.phase(engine, "request-options", reqs,
                         {p["user"]: {"streams": len(reqs), "backlogged": True}},
                         params={"option_probes": warm, "option_bodies": bodies})
@@ -118,6 +125,10 @@ def validate(v: Validator, p: dict, where: str, limits: Limits, engine: EngineFl
     if len(p["options"]) < 2:
         raise ProfileError(v.path, f"{where}.options", "two options at least: the user's streams share its "
                            "budget, so an uncharged one shows as the user's excess", p["options"])
+    words = p["bad_words"]
+    if not words or any(not isinstance(w, str) or not w.strip() for w in words):
+        raise ProfileError(v.path, f"{where}.bad_words", "one word at least, none empty (vLLM refuses an empty "
+                           "bad word)", words)
     return None
 
 

@@ -26,10 +26,10 @@ MEANINGS = meanings({
                                    "got another request's KV, or lost its own",
                                    "requests.jsonl: the token_ids of the request the explanation names, against "
                                    "the same request (stream_index) in the baseline phase"),
-    "structured-answers": CheckMeaning("3", "an answer constrained by a JSON schema, a regex, a choice or a token "
-                                       "set broke its constraint: a request paused, given back its token, moved "
-                                       "out of its slot or resumed lost its grammar's state or was masked with "
-                                       "another request's",
+    "structured-answers": CheckMeaning("3", "an answer constrained by a JSON schema, a regex, a choice, a token "
+                                       "set or bad words broke its constraint: a request paused, given back its "
+                                       "token, moved out of its slot or resumed lost its grammar's state or its "
+                                       "sampling state, or was masked with another request's",
                                        "requests.jsonl: the token_ids of the request the explanation names, and "
                                        "scenarios.json: the phase's option_bodies (its stream's constraint)"),
 })
@@ -120,11 +120,11 @@ def structured_answers(run: RunData, s: RunSummary, th: Thresholds) -> list[Chec
                              f"not made: {c.not_made}"))
             continue
         text = (f"{len(c.broken)} of {c.checked} constrained answers ({', '.join(c.options)}; {c.tokens} tokens "
-                f"up to where each grammar ended) broke their constraint")
+                f"held to them, each grammar's up to where it ended) broke their constraint")
         if c.broken:
             b = c.broken[0]
             text += (f"; first: {b.client_id} ({b.user or 'anonymous'}, {b.option}) at token {b.position}: "
-                     f"{b.token} after {b.before}, which a fresh matcher of its constraint refuses "
+                     f"{b.token} after {b.before}, {b.why} "
                      f"(the answer up to it: {b.text[-80:]!r})")
         if c.without_ids:
             text += f"; {c.without_ids} without token ids not checked"
