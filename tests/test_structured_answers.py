@@ -148,7 +148,7 @@ def test_an_answer_that_says_a_bad_word_fails_where_the_sequence_completes(tiny_
     (check,) = structured_answers(run, None, None)
     assert check.passed is False and check.figure == 1
     assert "rb-x-0 (user-b, bad-words) at token 4: 299" in check.explanation
-    assert "completes the bad word ['re'] as vLLM bans it: the token sequence [299]" in check.explanation
+    assert "completes a bad word of ['re'] as vLLM bans it (the token sequence [299])" in check.explanation
     run = _run(tiny_model, ["bad-words", "chat"], {0: ok, 1: said}, bad_words=["re"])
     (check,) = structured_answers(run, None, None)
     assert check.passed is True and "0 of 1 constrained answers (bad-words" in check.explanation

@@ -243,7 +243,7 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
                 if at is not None:
                     seq = next(q for q in sequences if r.token_ids[at] == q[-1]
                                and list(r.token_ids[at - len(q) + 1:at]) == q[:-1])
-                    why = f"which completes the bad word {spec} as vLLM bans it: the token sequence {seq}"
+                    why = f"which completes a bad word of {spec} as vLLM bans it (the token sequence {seq})"
             else:
                 at, held = grammars.first_refused(kind, spec, list(r.token_ids), stop_ids)
             pc.checked += 1
