@@ -530,6 +530,47 @@ max_tokens = 20
     assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
 
 
+# vLLM masks a request's stop tokens until it has min_tokens (a logits processor fed, row by row, as the
+# model runner adds requests to its persistent batch). Here a request added back after it had sampled (a
+# parked one) loses that mask: the answer may stop early in content while ignore_eos keeps it running.
+MIN_TOKENS_LOST_ON_READD = """
+cls = module.MinTokensLogitsProcessor
+shipped_add = cls.add_request
+
+def add_request_forgetting_min_tokens(params, prompt_tok_ids, output_tok_ids):
+    if output_tok_ids and params.min_tokens and len(output_tok_ids) < params.min_tokens:
+        if not getattr(cls, "_mutant_said", False):
+            cls._mutant_said = True
+            print("ratebench test mutant: a request added back without its min_tokens", file=sys.stderr, flush=True)
+        return None
+    return shipped_add(params, prompt_tok_ids, output_tok_ids)
+
+cls.add_request = staticmethod(add_request_forgetting_min_tokens)
+"""
+
+
+def test_an_engine_whose_parked_requests_come_back_without_min_tokens_fails_structured_answers(
+        tmp_path, tiny_model):
+    """The min-tokens stream (min_tokens = max_tokens, ignore_eos) of a throttled user, added back to the
+    batch after it was parked, loses its mask of the stop tokens: the tiny model then says its EOS (token 2)
+    soon. Every token is charged and the answer runs to max_tokens under ignore_eos, so nothing but its
+    content shows it."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.sample.logits_processor.builtin": MIN_TOKENS_LOST_ON_READD}, """
+[[scenarios]]
+kind = "request-options"
+user = "user-a"
+options = ["min-tokens", "chat"]
+max_tokens = 20
+""")
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a request added back without its min_tokens" in logs, "no min-tokens request was added back: not run"
+    assert ("structured-answers", None) in _failed(verdict), verdict.summary()
+    (check,) = [c for c in verdict.checks if c.name == "structured-answers"]
+    assert check.figure == 1 and "(user-a, min-tokens)" in check.explanation, check.explanation
+    assert "a stop token among its first 20 tokens" in check.explanation, check.explanation
+    assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
+
+
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()

@@ -437,13 +437,14 @@ def test_every_request_option_is_served_whole_and_charged_to_its_user(small_run)
     phases = [p for p in json.loads((outcome.run_dir / "scenarios.json").read_text())
               if p["scenario"] == "request-options"]
     assert phases and all(p["params"]["option_probes"] == [f"{o} 200" for o in OPTIONS] for p in phases)
-    # the constrained answers (json-schema, json-object, regex, choice, allowed-token-ids, bad-words) obey
-    # their constraints, held to fresh grammar matchers and vLLM's bad-word sequences with the model's tokenizer
+    # the constrained answers (json-schema, json-object, regex, choice, allowed-token-ids, bad-words,
+    # min-tokens) obey their constraints, held to fresh grammar matchers, vLLM's bad-word sequences with the
+    # model's tokenizer, and the stop tokens min_tokens masks
     from ratebench.verify import analyse_run
 
     checks = [c for c in analyse_run(outcome.run_dir).verdict.checks if c.name == "structured-answers"]
     assert len(checks) == len(phases), checks
-    assert all(c.passed and c.explanation.startswith("0 of 6 constrained answers") for c in checks), \
+    assert all(c.passed and c.explanation.startswith("0 of 7 constrained answers") for c in checks), \
         [c.explanation for c in checks]
 
 

@@ -51,7 +51,7 @@ def test_every_option_of_request_options_has_its_constraint_or_none():
     kinds = {o: (constraint_of(option_body(o, 30)[1]) or (None,))[0] for o in OPTIONS}
     assert kinds == {"json-schema": "json", "json-object": "json_object", "regex": "regex", "choice": "choice",
                      "allowed-token-ids": "allowed", "logprobs": None, "top-logprobs": None, "penalties": None,
-                     "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": None, "chat": None}
+                     "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": "min_tokens", "chat": None}
     # the profile's words replace the bad-words option's default, and only its
     assert option_body("bad-words", 30, ["re"])[1]["bad_words"] == ["re"]
     assert option_body("bad-words", 30)[1]["bad_words"] == ["the"]
@@ -160,3 +160,33 @@ def test_a_bad_word_of_several_tokens_is_banned_only_whole_within_the_answer(tin
     run = _run(tiny_model, ["bad-words", "chat"], {0: [261, 5, 86, 7, 261, 86, 261], 1: [1]}, bad_words=["the"])
     (c,) = structured_conformance(run)
     assert [b.position for b in c.broken] == [6], c
+
+
+def test_a_min_tokens_answer_with_a_stop_token_before_its_minimum_fails_without_a_tokenizer():
+    """vLLM masks the stop tokens (the engine's EOS, the request's stop_token_ids) until an answer has
+    min_tokens; ignore_eos does not lift the mask. After the minimum a stop token is free."""
+    m = 30  # option_body's min_tokens: the stream's max_tokens
+    clean = [796, 70, 614] * 10
+    late = clean + [EOS, 299]  # past the minimum (an answer longer than it)
+    early = clean[:7] + [EOS] + clean[8:]
+    run = _run(None, ["min-tokens", "chat"], {0: late, 1: [EOS]})
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True and "0 of 1 constrained answers (min-tokens" in check.explanation
+    run = _run(None, ["min-tokens", "chat"], {0: early, 1: [EOS]})
+    (c,) = structured_conformance(run)
+    assert [b.position for b in c.broken] == [7] and c.tokens == 8, c
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and f"a stop token among its first {m} tokens, which min_tokens masks" \
+        in check.explanation
+    # the request's own stop_token_ids count as stop tokens too
+    bodies = _bodies(["min-tokens", "chat"])
+    bodies[0]["body"]["stop_token_ids"] = [614]
+    run = _run(None, ["min-tokens", "chat"], {0: clean, 1: [EOS]})
+    run.phases[0].params["option_bodies"] = bodies
+    (c,) = structured_conformance(run)
+    assert [b.position for b in c.broken] == [2], c
+    # no stop tokens known: not made, and said why
+    run = _run(None, ["min-tokens", "chat"], {0: early, 1: [EOS]})
+    run.manifest["model_stop_token_ids"] = []
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is None and "names no stop tokens" in check.explanation

@@ -28,6 +28,10 @@ option and the request body fields it sent (by ``stream_index``). For each answe
   answer's tokens (the prompt's are not looked at). The ban lives in the model runner's persistent batch,
   per row: a limiter that parks a request out of the batch and brings it back without its sampling
   state, or with another row's, lets a bad word through.
+* ``min_tokens``: none of the answer's first ``min_tokens`` tokens is a stop token (the engine's, the
+  manifest's ``model_stop_token_ids``, and the request's ``stop_token_ids``): vLLM masks them until the
+  answer has that many, ``ignore_eos`` or not (its min-tokens logits processor, also per row of the
+  persistent batch).
 
 Other options (logit bias, penalties, stop strings, logprobs) shape or report the distribution without
 a rule an answer can be held to alone; answers-intact compares greedy answers of plain requests with
@@ -50,6 +54,7 @@ from typing import Any
 from ratebench.analysis.load import RunData
 
 KIND_REQUEST_OPTIONS = "request-options"
+_NO_TOKENIZER = ("allowed", "min_tokens")  # constraints judged on token ids alone
 SNIPPET = 8  # tokens shown before the first one refused
 
 
@@ -81,8 +86,9 @@ class PhaseConformance:
 
 def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
     """(kind, spec) of a request body's constraint: ``json``, ``json_object``, ``regex``, ``choice``,
-    ``grammar`` (a grammar matcher), ``allowed`` (a token set) or ``bad_words`` (words banned); None when
-    the body has none."""
+    ``grammar`` (a grammar matcher), ``allowed`` (a token set), ``bad_words`` (words banned) or
+    ``min_tokens`` (its number and the request's own stop token ids: stop tokens masked until then); None
+    when the body has none."""
     rf = body.get("response_format")
     if isinstance(rf, dict):
         if rf.get("type") == "json_schema":
@@ -103,6 +109,8 @@ def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
         return "allowed", [int(t) for t in body["allowed_token_ids"]]
     if body.get("bad_words"):
         return "bad_words", [str(w) for w in body["bad_words"]]
+    if body.get("min_tokens"):
+        return "min_tokens", (int(body["min_tokens"]), [int(t) for t in body.get("stop_token_ids") or []])
     return None
 
 
@@ -214,7 +222,7 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
             continue
         records = [r for r in run.records if (r.scenario, r.phase, r.engine) == ph.key
                    and r.stream_index in constraints]
-        needs_grammar = any(constraints[r.stream_index][1] != "allowed" for r in records)
+        needs_grammar = any(constraints[r.stream_index][1] not in _NO_TOKENIZER for r in records)
         if needs_grammar and grammars is None and load_problem is None:
             if not model_path or not Path(model_path).is_dir():
                 load_problem = f"the served model's folder is not here ({model_path or 'none in the manifest'})"
@@ -231,7 +239,11 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
             if r.token_ids is None:
                 pc.without_ids += 1
                 continue
-            if kind != "allowed" and grammars is None:
+            if kind not in _NO_TOKENIZER and grammars is None:
+                continue
+            if kind == "min_tokens" and not stop_ids:
+                pc.not_made = pc.not_made or "the manifest names no stop tokens (model_stop_token_ids) to hold " \
+                                             "min_tokens answers to"
                 continue
             why = "which a fresh matcher of its constraint refuses"
             if kind == "allowed":
@@ -244,6 +256,9 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
                     seq = next(q for q in sequences if r.token_ids[at] == q[-1]
                                and list(r.token_ids[at - len(q) + 1:at]) == q[:-1])
                     why = f"which completes a bad word of {spec} as vLLM bans it (the token sequence {seq})"
+            elif kind == "min_tokens":
+                at, held = first_early_stop(spec[0], set(stop_ids) | set(spec[1]), list(r.token_ids))
+                why = f"a stop token among its first {spec[0]} tokens, which min_tokens masks"
             else:
                 at, held = grammars.first_refused(kind, spec, list(r.token_ids), stop_ids)
             pc.checked += 1
@@ -279,3 +294,11 @@ def first_bad_word(sequences: list[list[int]], tokens: list[int]) -> tuple[int |
             if n - 1 <= i and tokens[i] == seq[-1] and tokens[i - n + 1:i] == seq[:-1]:
                 return i, i + 1
     return None, len(tokens)
+
+
+def first_early_stop(min_tokens: int, stop_ids: set[int], tokens: list[int]) -> tuple[int | None, int]:
+    """(index of the first stop token among the first ``min_tokens`` tokens, or None; tokens held)."""
+    for i, t in enumerate(tokens[:min_tokens]):
+        if t in stop_ids:
+            return i, i + 1
+    return None, min(min_tokens, len(tokens))

@@ -27,7 +27,7 @@ MEANINGS = meanings({
                                    "requests.jsonl: the token_ids of the request the explanation names, against "
                                    "the same request (stream_index) in the baseline phase"),
     "structured-answers": CheckMeaning("3", "an answer constrained by a JSON schema, a regex, a choice, a token "
-                                       "set or bad words broke its constraint: a request paused, given back its "
+                                       "set, bad words or min_tokens broke its constraint: a request paused, given back its "
                                        "token, moved out of its slot or resumed lost its grammar's state or its "
                                        "sampling state, or was masked with another request's",
                                        "requests.jsonl: the token_ids of the request the explanation names, and "
