@@ -124,8 +124,9 @@ def structured_answers(run: RunData, s: RunSummary, th: Thresholds) -> list[Chec
         if c.broken:
             b = c.broken[0]
             text += (f"; first: {b.client_id} ({b.user or 'anonymous'}, {b.option}) at token {b.position}: "
-                     f"{b.token} after {b.before}, {b.why} "
-                     f"(the answer up to it: {b.text[-80:]!r})")
+                     f"{b.token} after {b.before}, {b.why}")
+            if b.text:  # (no tokenizer loaded where every constraint is judged on token ids alone)
+                text += f" (the answer up to it: {b.text[-80:]!r})"
         if c.without_ids:
             text += f"; {c.without_ids} without token ids not checked"
         if c.errors:
