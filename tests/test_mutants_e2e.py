@@ -520,14 +520,20 @@ options = ["bad-words", "chat"]
 bad_words = ["re"]
 max_tokens = 20
 """)
+    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its bad words", "bad-words")
+    assert "the token sequence [299]" in check.explanation or "the token sequence [268]" in check.explanation
+
+
+def _only_one_answer_broken(tmp_path, verdict, mutant_said: str, option: str):
+    """The mutant's path was run, structured-answers names the one answer of ``option`` as broken, and no
+    other check failed (the answers are as long and as well timed as ever). Returns the check."""
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
-    assert "a request added back without its bad words" in logs, "no bad-words request was added back: not run"
+    assert mutant_said in logs, f"the mutant never acted ({mutant_said!r} not logged): the path was not run"
     assert ("structured-answers", None) in _failed(verdict), verdict.summary()
     (check,) = [c for c in verdict.checks if c.name == "structured-answers"]
-    assert check.figure == 1 and "(user-a, bad-words)" in check.explanation, check.explanation
-    assert "the token sequence [299]" in check.explanation or "the token sequence [268]" in check.explanation
-    # nothing else is wrong with the run
+    assert check.figure == 1 and f"(user-a, {option})" in check.explanation, check.explanation
     assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
+    return check
 
 
 # vLLM masks a request's stop tokens until it has min_tokens (a logits processor fed, row by row, as the
@@ -562,13 +568,8 @@ user = "user-a"
 options = ["min-tokens", "chat"]
 max_tokens = 20
 """)
-    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
-    assert "a request added back without its min_tokens" in logs, "no min-tokens request was added back: not run"
-    assert ("structured-answers", None) in _failed(verdict), verdict.summary()
-    (check,) = [c for c in verdict.checks if c.name == "structured-answers"]
-    assert check.figure == 1 and "(user-a, min-tokens)" in check.explanation, check.explanation
+    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its min_tokens", "min-tokens")
     assert "a stop token among its first 20 tokens" in check.explanation, check.explanation
-    assert {name for name, _ in _failed(verdict)} == {"structured-answers"}, verdict.summary()
 
 
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
