@@ -509,19 +509,20 @@ cls.add_request = add_request_forgetting_bad_words
 def test_an_engine_whose_parked_requests_come_back_without_their_bad_words_fails_structured_answers(
         tmp_path, tiny_model):
     """The bad-words stream of a throttled user is parked between its tokens, out of the model runner's
-    batch; added back without its ban it says the bad word (the tiny model says " re" every other token).
-    Its tokens are charged and timed as before; structured-answers expands the words as vLLM does and
-    finds the banned sequence in the answer."""
+    batch; added back without its ban it says a bad word (the tiny model says " re" or its EOS every other
+    token; with " re" banned alone, one run in four of this test got an answer of 20 tokens that never came
+    back to it). Its tokens are charged and timed as before; structured-answers expands the words as vLLM
+    does and finds a banned sequence in the answer."""
     verdict = _run_broken(tmp_path, {"vllm.v1.worker.gpu_input_batch": BAD_WORDS_LOST_ON_READD}, """
 [[scenarios]]
 kind = "request-options"
 user = "user-a"
 options = ["bad-words", "chat"]
-bad_words = ["re"]
+bad_words = ["re", "<|im_end|>"]
 max_tokens = 20
 """)
     check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its bad words", "bad-words")
-    assert "the token sequence [299]" in check.explanation or "the token sequence [268]" in check.explanation
+    assert any(f"the token sequence [{t}]" in check.explanation for t in (299, 268, 2)), check.explanation
 
 
 def _only_one_answer_broken(tmp_path, verdict, mutant_said: str, option: str):

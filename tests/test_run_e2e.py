@@ -106,7 +106,7 @@ max_tokens = 20
 kind = "request-options"
 user = "user-a"                  # 100 tok/s over 13 streams, one per option users send: the budget binds
 max_tokens = 10
-bad_words = ["re"]               # the tiny model says " re" every other token: the ban binds
+bad_words = ["re", "<|im_end|>"] # the tiny model says " re" and its EOS (ignore_eos) every other token: the ban binds
 
 [[scenarios]]
 kind = "anonymous-and-spoofing"
