@@ -250,12 +250,8 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
                 at, held = _first_not_allowed(spec, list(r.token_ids))
                 why = "which is not among its allowed token ids"
             elif kind == "bad_words":
-                sequences = grammars.bad_word_sequences(spec)
-                at, held = first_bad_word(sequences, list(r.token_ids))
-                if at is not None:
-                    seq = next(q for q in sequences if r.token_ids[at] == q[-1]
-                               and list(r.token_ids[at - len(q) + 1:at]) == q[:-1])
-                    why = f"which completes a bad word of {spec} as vLLM bans it (the token sequence {seq})"
+                at, held, seq = first_bad_word(grammars.bad_word_sequences(spec), list(r.token_ids))
+                why = f"which completes a bad word of {spec} as vLLM bans it (the token sequence {seq})"
             elif kind == "min_tokens":
                 at, held = first_early_stop(spec[0], set(stop_ids) | set(spec[1]), list(r.token_ids))
                 why = f"a stop token among its first {spec[0]} tokens, which min_tokens masks"
@@ -284,16 +280,16 @@ def _first_not_allowed(allowed_ids: list[int], tokens: list[int]) -> tuple[int |
     return None, len(tokens)
 
 
-def first_bad_word(sequences: list[list[int]], tokens: list[int]) -> tuple[int | None, int]:
+def first_bad_word(sequences: list[list[int]], tokens: list[int]) -> tuple[int | None, int, list[int] | None]:
     """(index of the first token that completes one of ``sequences`` within ``tokens``, or None; tokens
-    held to the ban): vLLM's sampler bans a sequence's last token when the tokens before it are the
-    sequence's others, among the answer's own tokens."""
+    held to the ban; the sequence it completes): vLLM's sampler bans a sequence's last token when the
+    tokens before it are the sequence's others, among the answer's own tokens."""
     for i in range(len(tokens)):
         for seq in sequences:
             n = len(seq)
             if n - 1 <= i and tokens[i] == seq[-1] and tokens[i - n + 1:i] == seq[:-1]:
-                return i, i + 1
-    return None, len(tokens)
+                return i, i + 1, seq
+    return None, len(tokens), None
 
 
 def first_early_stop(min_tokens: int, stop_ids: set[int], tokens: list[int]) -> tuple[int | None, int]:
