@@ -164,10 +164,11 @@ def test_fair_shares_by_priority_go_to_higher_priorities_first():
                                    {"hi": 4, "a": 1, "b": 1}, 4) == pytest.approx({"hi": 100, "a": 300, "b": 300})
 
 
-def _priority_places_run(tmp_path, policy="PRIORITY", places=2):
-    """cap-high (2 streams, arriving last) at priority -1 beside cap-00..03 at 0; the simulated engine
-    serves every stream alike (a token a step): what a limiter that ignores priorities gives them."""
-    run_dir = _places_run(tmp_path, high=True)
+def _priority_places_run(tmp_path, policy="PRIORITY", places=2, users=4):
+    """cap-high (2 streams, arriving last) at priority -1 beside cap-00.. (2 streams each) at 0; the
+    simulated engine serves every stream alike (a token a step): what a limiter that ignores priorities
+    gives them."""
+    run_dir = _places_run(tmp_path, users=users, high=True)
     path = run_dir / "engines" / "patched-sync" / "events.rbev"
     ev = read_engine_events(path)
     with EventFileWriter(path, {**ev.meta, "policy": policy, "max_num_active_seqs": places}) as w:
@@ -195,6 +196,23 @@ def test_a_priority_engine_that_serves_priorities_alike_fails_place_share(tmp_pa
     assert share.passed and "PRIORITY" not in share.explanation, share.explanation
 
 
+def test_a_higher_priority_served_alike_fails_place_share_priority_where_place_share_passes(tmp_path):
+    # cap-high's two streams beside two users' four at priority 0 on 4 places: its fair share is half the
+    # rate (its 2 streams of the 4 places), served alike it got 2 of 6 streams' tokens, 0.67 of that. The
+    # lower users got 1.33 of theirs: place-share's floor (0.5) and Jain's index (0.92) pass; a user of a
+    # higher priority is owed its whole share
+    run_dir = _priority_places_run(tmp_path, places=4, users=2)
+    (share,) = _checks(run_dir, "place-share")
+    (jain,) = _checks(run_dir, "place-share-jain")
+    assert share.passed and jain.passed, (share.explanation, jain.explanation)
+    (high,) = _checks(run_dir, "place-share-priority")
+    assert not high.passed and high.user == "cap-high" and 0.6 < high.figure < 0.75, high.explanation
+    assert "above the lowest priority" in high.explanation
+    # an FCFS engine (priorities not acted on): no such check
+    assert not _checks(_priority_places_run(tmp_path / "fcfs", policy="FCFS", places=4, users=2),
+                       "place-share-priority")
+
+
 def test_a_priority_engine_that_serves_the_higher_priority_first_passes_place_share(tmp_path):
     # the priority-0 users get their tokens only after cap-high's answers are done
     run_dir = _priority_places_run(tmp_path)
@@ -213,6 +231,8 @@ def test_a_priority_engine_that_serves_the_higher_priority_first_passes_place_sh
     (share,) = _checks(run_dir, "place-share")
     assert share.passed and share.figure >= 0.95, share.explanation
     assert "cap-high -1" in share.explanation
+    (high,) = _checks(run_dir, "place-share-priority")
+    assert high.passed and high.user == "cap-high" and high.figure >= 0.95, high.explanation
 
 
 def test_phases_without_the_params_have_no_pressure_figures(tmp_path):

@@ -907,10 +907,14 @@ def test_a_priority_engine_whose_places_ignore_priorities_fails_place_share(tmp_
     assert "places ignore priorities" in logs, "the places were never ordered: the path was not run"
     print(verdict.summary())
     failed = _failed(verdict)
-    assert ("place-share", "cap-high") in failed, verdict.summary()
-    (share,) = [c for c in verdict.failures if c.name == "place-share"]
-    assert share.phase == "cap-priority" and share.figure < 0.8, share.explanation
-    assert {name for name, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
+    # place-share's floor (0.5) is met or missed by a hair by places that go round the six streams evenly
+    # (0.50 of cap-high's fair share once running was sorted by turn keys); cap-high, above the lowest
+    # priority, is owed its whole share: place-share-priority fails it
+    assert ("place-share-priority", "cap-high") in failed, verdict.summary()
+    (high,) = [c for c in verdict.failures if c.name == "place-share-priority"]
+    assert high.phase == "cap-priority" and high.figure < 0.8, high.explanation
+    assert {name for name, _ in failed} <= {"place-share", "place-share-jain", "place-share-priority"}, \
+        verdict.summary()
 
 
 # the API server lets beam search through with the limiter on (the patch's refusal skipped on both APIs)

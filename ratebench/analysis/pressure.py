@@ -112,6 +112,16 @@ class PlaceShares:
     def worst(self) -> tuple[str, float] | None:
         return min(self.ratios.items(), key=lambda kv: kv[1]) if self.ratios else None
 
+    @property
+    def worst_above_lowest(self) -> tuple[str, float] | None:
+        """PRIORITY policy: the worst ratio among the users above the lowest priority (their places
+        come first, so they are owed their whole fair share, not place-share's half of it)."""
+        if not self.priorities or not self.ratios:
+            return None
+        lowest = max(self.priorities.values())
+        above = {u: r for u, r in self.ratios.items() if self.priorities.get(u, lowest) < lowest}
+        return min(above.items(), key=lambda kv: kv[1]) if above else None
+
 
 def _dispatch_by_record(run: RunData, phase: PhaseRecord) -> dict[int, np.ndarray]:
     """Dispatch event times of the phase's requests, by client record index."""

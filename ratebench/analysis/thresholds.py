@@ -110,6 +110,9 @@ TABLE: tuple[Threshold, ...] = (
               "ms"),
     Threshold("place_share_min", "--place-share-min", "with more streams than active places, every user's rate "
               "at least this x its max-min fair share", "4"),
+    Threshold("place_share_priority_min", "--place-share-priority-min", "PRIORITY policy, users at several "
+              "priorities: every user above the lowest priority gets at least this x its fair share of the active "
+              "places (its streams take them first)", "4"),
     Threshold("place_jain_min", "--place-jain-min", "Jain's index of the users' rates / fair shares of the active "
               "places", "4"),
     Threshold("work_conservation_max_run_steps", "--work-conservation-max-run-steps", "work conservation: the "

@@ -63,6 +63,10 @@ class Thresholds:
     # the active places: each user's rate while all want tokens / its max-min fair share
     place_share_min: float = 0.5  # the worst user's
     place_jain_min: float = 0.9  # Jain's index of those ratios
+    # PRIORITY policy: the worst ratio of a user above the lowest priority. Its streams take the places
+    # first, so only step timing stands between it and its whole share (the shipped patch 0.99 to 1.00 on
+    # cpu-tiny); places that go round every stream alike give a priority -1 user 0.50 in cap-priority
+    place_share_priority_min: float = 0.85
     # work conservation: the longest run of consecutive steps that left a place or a slot idle, or held by a
     # throttled request, while a request of a user with budget waited (1: the step in which a budget flips)
     work_conservation_max_run_steps: int = 1

@@ -21,6 +21,10 @@ MEANINGS = meanings({
     "place-share": CheckMeaning("4", "with more streams than active places, a user got far less than its fair share "
                                 "of the places (places went to whoever was first in the running list)",
                                 "verdict.json, checks: each user's rate against its fair share; {plot}"),
+    "place-share-priority": CheckMeaning("4", "under vLLM's PRIORITY policy, a user of a higher priority got "
+                                         "less than its whole fair share of the active places (places went "
+                                         "round the streams whatever their priorities)", "verdict.json, checks: "
+                                         "each user's rate against its fair share, by priority; {plot}"),
     "place-share-jain": CheckMeaning("4", "with more streams than active places, the users' shares of the places "
                                      "were uneven", "verdict.json, checks: each user's rate against its fair share; "
                                      "{plot}"),
@@ -88,6 +92,14 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
             out.append(Check("place-share", p.scenario, p.phase, p.engine, worst_user, round(worst, 4),
                              th.place_share_min, ">=", "x fair share", worst >= th.place_share_min,
                              f"{worst_user} got {worst:.2f} x its max-min fair share of the active places {window}"))
+            above = ps.worst_above_lowest
+            if above is not None:
+                high_user, high = above
+                out.append(Check("place-share-priority", p.scenario, p.phase, p.engine, high_user, round(high, 4),
+                                 th.place_share_priority_min, ">=", "x fair share",
+                                 high >= th.place_share_priority_min,
+                                 f"{high_user}, above the lowest priority, got {high:.2f} x its fair share of the "
+                                 f"active places {window}"))
             j = ps.jain
             if j is not None:
                 out.append(Check("place-share-jain", p.scenario, p.phase, p.engine,
