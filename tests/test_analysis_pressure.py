@@ -80,14 +80,14 @@ def test_a_phase_without_pressure_fails_kv_pressure_applied(tmp_path):
     assert "never ran short of KV" in check.explanation
 
 
-def _places_run(tmp_path, users=4, streams=2, high=False, high_delay_ns=300_000_000):
+def _places_run(tmp_path, users=4, streams=2, high=False, high_delay_ns=300_000_000, high_streams=None):
     limits = {f"cap-{i:02d}": 1000 for i in range(users)}
     if high:
         limits["cap-high"] = 5000
     eng = SimEngine("patched-sync", default_tps=100, user_tps=limits)
     reqs, n = [], 0
     for u in limits:
-        for k in range(streams):
+        for k in range(high_streams if u == "cap-high" and high_streams else streams):
             delay = high_delay_ns if u == "cap-high" else 0
             reqs.append(SimRequest(f"rb-5e1f0001-{n}", u, n, 200, arrive_offset_ns=delay))
             n += 1
@@ -103,6 +103,8 @@ def test_users_served_alike_pass_place_share(tmp_path):
     share, jain = _checks(run_dir, "place-share")[0], _checks(run_dir, "place-share-jain")[0]
     assert share.passed and share.figure >= 0.95, share.explanation
     assert jain.passed and jain.figure >= 0.99
+    (most,) = _checks(run_dir, "place-share-max")
+    assert most.passed and most.figure <= 1.05, most.explanation
 
 
 @pytest.mark.parametrize("high", [False, True])
@@ -131,6 +133,21 @@ def test_users_left_out_of_the_places_fail_place_share(tmp_path, high):
     jain = _checks(run_dir, "place-share-jain")[0]
     assert not share.passed and share.user in late and share.figure < 0.1, share.explanation
     assert not jain.passed
+
+
+def test_a_user_served_ahead_of_the_others_fails_place_share_max(tmp_path):
+    # cap-00..05 at one stream each and cap-high at two: the simulated engine serves every stream alike
+    # (a token a step), so cap-high's two streams take twice a user's share. The six others lose a
+    # seventh each: place-share (0.86 x) and Jain's index (0.92) pass; place-share-max names cap-high
+    run_dir = _places_run(tmp_path, users=6, streams=1, high=True, high_streams=2)
+    (share,) = _checks(run_dir, "place-share")
+    (jain,) = _checks(run_dir, "place-share-jain")
+    assert share.passed and jain.passed, (share.explanation, jain.explanation)
+    (most,) = _checks(run_dir, "place-share-max")
+    assert not most.passed and most.user == "cap-high" and 1.6 < most.figure < 1.9, most.explanation
+    # served by user, not by stream: passed
+    (most,) = _checks(_places_run(tmp_path / "even", users=6, streams=1, high=True), "place-share-max")
+    assert most.passed and most.figure < 1.05, most.explanation
 
 
 def test_a_phase_whose_users_never_all_want_tokens_at_once_fails_place_share(tmp_path):

@@ -42,6 +42,7 @@ from mutants.broken import (
     QueuedWhileRefused,
     PlacesIgnorePriority,
     PlacesInListOrder,
+    PlacesTiesToTheOldestStream,
     RunningLoopUpstreamVictim,
     RollingWindow1s,
     ThrottledCountActive,
@@ -399,6 +400,18 @@ isolation_priority = _under_priority(isolation, {"user-b": 1})  # the throttled 
 active_places_priority = _under_priority(active_places, {})
 # cap-high's streams go first
 active_places_high_first = _under_priority(active_places, {"cap-high": -1}, "active_places_high_first")
+
+
+def active_places_four() -> Workload:
+    """active_places on 4 places, as cpu-tiny's active-cap-fairness runs it (6 users at 1,000 tok/s and
+    cap-high at 5,000, none bound): 7 users take 4 places a step, so users tie on their turns."""
+    w = active_places()
+    w.user_tps = {**{f"cap-{i:02d}": 1000 for i in range(6)}, "cap-high": 5000}
+    w.scheduler_kw = {**w.scheduler_kw, "max_num_active_seqs": 4}
+    return w
+
+
+active_places_four_priority = _under_priority(active_places_four, {})
 kv_tiny_priority = _under_priority(kv_tiny, {})
 crowd_priority = _under_priority(crowd, {})
 
@@ -406,6 +419,7 @@ crowd_priority = _under_priority(crowd, {})
 WORKLOADS = {f.__name__: f for f in (seed_experiment, default_user_streams, kv_pressure, long_prompts, isolation,
                                      long_prompt_closed_loop, active_places, kv_tiny, seed_experiment_priority,
                                      isolation_priority, active_places_priority, active_places_high_first,
+                                     active_places_four_priority,
                                      kv_tiny_priority, kv_growth,
                                      crowd, crowd_priority, crowd_mix, kv_kept, parallel_sampling,
                                      streams_over_places)}
@@ -834,7 +848,7 @@ def test_queued_users_left_without_places_fail_place_share(judged, async_schedul
     failed = failures(verdict)
     assert {phase for name, phase, _ in failed if name == "place-share"} == {"cap-equal", "cap-high"}, \
         verdict.summary()
-    assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain"}, verdict.summary()
+    assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain", "place-share-max"}, verdict.summary()
     share = [c for c in verdict.checks if c.name == "place-share" and c.phase == "cap-equal"][0]
     assert share.figure < 0.2
     assert_correct_passes(judged, "active_places", async_scheduling)
@@ -863,9 +877,26 @@ def test_under_the_priority_policy_places_in_list_order_fail_place_share(judged,
     _, verdict = judged("active_places_priority", PlacesInListOrder, async_scheduling=async_scheduling)
     failed = failures(verdict)
     assert "place-share" in {name for name, _, _ in failed}, verdict.summary()
-    assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain", "place-share-priority"}, \
+    assert {name for name, _, _ in failed} <= {"place-share", "place-share-jain", "place-share-max", "place-share-priority"}, \
         verdict.summary()
     assert_correct_passes(judged, "active_places_priority", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_under_the_priority_policy_places_whose_ties_go_to_the_oldest_stream_fail_place_share_max(
+        judged, async_scheduling):
+    """Seven users on 4 places tie on their turns; sorted by their streams' turns first, cap-high (two
+    streams, one sat out the last round) wins every tie and takes a place each step: 1.75 x its share,
+    the six others 0.87 x (place-share's floor and Jain's index pass). As shipped: 1.0 each."""
+    _, verdict = judged("active_places_four_priority", PlacesTiesToTheOldestStream,
+                        async_scheduling=async_scheduling, step_s=0.017)
+    assert_rejected_by(verdict, {("place-share-max", "cap-high", "cap-high")},
+                       only={"place-share-max", "place-share", "place-share-jain"})
+    assert check(verdict, "place-share-max", "cap-high", "cap-high").figure > 1.5, verdict.summary()
+    _, shipped = judged("active_places_four_priority", async_scheduling=async_scheduling, step_s=0.017)
+    assert shipped.passed, shipped.summary()
+    (most,) = [c for c in shipped.checks if (c.name, c.phase) == ("place-share-max", "cap-high")]
+    assert most.figure < 1.05, most.explanation
 
 
 @SYNC_AND_ASYNC
@@ -875,7 +906,7 @@ def test_under_the_priority_policy_places_that_ignore_priorities_fail_place_shar
     turns, one stream's worth at most (cap-equal, all at one priority, passes either way)."""
     _, verdict = judged("active_places_high_first", PlacesIgnorePriority, async_scheduling=async_scheduling)
     assert_rejected_by(verdict, {("place-share", "cap-high", "cap-high"), ("place-share-priority", "cap-high", "cap-high")},
-                       only={"place-share", "place-share-jain", "place-share-priority"})
+                       only={"place-share", "place-share-jain", "place-share-max", "place-share-priority"})
     assert check(verdict, "place-share", "cap-high", "cap-high").figure < 0.4, verdict.summary()
     _, shipped = judged("active_places_high_first", async_scheduling=async_scheduling)
     assert shipped.passed, shipped.summary()
@@ -1068,7 +1099,7 @@ def test_an_unbound_users_resident_streams_that_keep_their_places_fail_stream_fa
     _, verdict = judged("unbound_places", StreamsKeepTheirPlaces, async_scheduling=async_scheduling)
     failed = {name for name, _, _ in failures(verdict)}
     assert "stream-fairness" in failed, verdict.summary()
-    assert failed <= {"stream-fairness", "stream-wait", "place-share", "place-share-jain"}, verdict.summary()
+    assert failed <= {"stream-fairness", "stream-wait", "place-share", "place-share-jain", "place-share-max"}, verdict.summary()
     worst = max(c.figure for c in verdict.checks if c.name == "stream-fairness")
     assert worst >= 8, worst
     _, correct = judged("unbound_places", async_scheduling=async_scheduling)

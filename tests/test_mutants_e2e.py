@@ -913,7 +913,7 @@ def test_a_priority_engine_whose_places_ignore_priorities_fails_place_share(tmp_
     assert ("place-share-priority", "cap-high") in failed, verdict.summary()
     (high,) = [c for c in verdict.failures if c.name == "place-share-priority"]
     assert high.phase == "cap-priority" and high.figure < 0.8, high.explanation
-    assert {name for name, _ in failed} <= {"place-share", "place-share-jain", "place-share-priority"}, \
+    assert {name for name, _ in failed} <= {"place-share", "place-share-jain", "place-share-max", "place-share-priority"}, \
         verdict.summary()
 
 

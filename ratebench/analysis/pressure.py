@@ -113,6 +113,10 @@ class PlaceShares:
         return min(self.ratios.items(), key=lambda kv: kv[1]) if self.ratios else None
 
     @property
+    def best(self) -> tuple[str, float] | None:
+        return max(self.ratios.items(), key=lambda kv: kv[1]) if self.ratios else None
+
+    @property
     def worst_above_lowest(self) -> tuple[str, float] | None:
         """PRIORITY policy: the worst ratio among the users above the lowest priority (their places
         come first, so they are owed their whole fair share, not place-share's half of it)."""

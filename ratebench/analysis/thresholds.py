@@ -110,6 +110,8 @@ TABLE: tuple[Threshold, ...] = (
               "ms"),
     Threshold("place_share_min", "--place-share-min", "with more streams than active places, every user's rate "
               "at least this x its max-min fair share", "4"),
+    Threshold("place_share_max", "--place-share-max", "with more streams than active places, no user's rate "
+              "above this x its max-min fair share (its streams took places where users take turns)", "4"),
     Threshold("place_share_priority_min", "--place-share-priority-min", "PRIORITY policy, users at several "
               "priorities: every user above the lowest priority gets at least this x its fair share of the active "
               "places (its streams take them first)", "4"),

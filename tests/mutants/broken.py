@@ -477,6 +477,24 @@ class PlacesIgnorePriority(Mutant):
         scheduler._order_output_rate_running = order_by_turns_only
 
 
+class PlacesTiesToTheOldestStream(Mutant):
+    """Under the PRIORITY policy ``running`` is sorted by the streams' own turns before the places are
+    ordered (patch commit e0fb803, withdrawn): users whose turns are equal then go in the order of
+    their least recently served streams, and a user with two streams, whose other stream sat out the
+    last round, wins every such tie: one place a step, where users take turns."""
+
+    name = "places-ties-to-the-oldest-stream"
+
+    def apply(self, scheduler) -> None:
+        order = scheduler._order_output_rate_running
+
+        def order_after_a_stream_sort(now_ns):
+            scheduler.running.sort(key=lambda request: request.output_rate_turn)
+            return order(now_ns)
+
+        scheduler._order_output_rate_running = order_after_a_stream_sort
+
+
 class RunningLoopUpstreamVictim(Mutant):
     """When a running request of a user with budget needs a KV block, the running loop preempts
     upstream's victim (the last of running, often that request itself) instead of a throttled

@@ -21,6 +21,10 @@ MEANINGS = meanings({
     "place-share": CheckMeaning("4", "with more streams than active places, a user got far less than its fair share "
                                 "of the places (places went to whoever was first in the running list)",
                                 "verdict.json, checks: each user's rate against its fair share; {plot}"),
+    "place-share-max": CheckMeaning("4", "with more streams than active places, a user got far more than its "
+                                    "fair share of the places (its streams each took a place where users take "
+                                    "turns), at the cost of every other user", "verdict.json, checks: each "
+                                    "user's rate against its fair share; {plot}"),
     "place-share-priority": CheckMeaning("4", "under vLLM's PRIORITY policy, a user of a higher priority got "
                                          "less than its whole fair share of the active places (places went "
                                          "round the streams whatever their priorities)", "verdict.json, checks: "
@@ -92,6 +96,10 @@ def _pressure(run: RunData, th: Thresholds) -> list[Check]:
             out.append(Check("place-share", p.scenario, p.phase, p.engine, worst_user, round(worst, 4),
                              th.place_share_min, ">=", "x fair share", worst >= th.place_share_min,
                              f"{worst_user} got {worst:.2f} x its max-min fair share of the active places {window}"))
+            best_user, best = ps.best
+            out.append(Check("place-share-max", p.scenario, p.phase, p.engine, best_user, round(best, 4),
+                             th.place_share_max, "<=", "x fair share", best <= th.place_share_max,
+                             f"{best_user} got {best:.2f} x its fair share of the active places {window}"))
             above = ps.worst_above_lowest
             if above is not None:
                 high_user, high = above
