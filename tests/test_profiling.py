@@ -174,6 +174,26 @@ def test_cli_runs_the_microbenchmark_and_writes_json(patched_vllm, tiny_model, t
     assert doc["engine"] is None
 
 
+def test_the_microbenchmark_runs_the_priority_policy(patched_vllm, tiny_model):
+    """--policy priority: the limiter's places are its sort by priority and turn (not the bench);
+    the variants reach the same states."""
+    from dataclasses import replace
+
+    row = run_microbench(replace(TINY, policy="priority"), tiny_model)[8]
+    assert row[VARIANT_NEVER_REACHED].state["mean_scheduled_requests"] == pytest.approx(2)
+    assert row[VARIANT_ALL_THROTTLED].state["mean_scheduled_requests"] == 0
+    assert row[VARIANT_HALF_THROTTLED].state["mean_scheduled_requests"] == pytest.approx(2)
+
+
+def test_cli_refuses_an_unknown_policy(tmp_path):
+    from typer.testing import CliRunner
+
+    from ratebench.cli import app
+
+    result = CliRunner().invoke(app, ["profile-scheduler", "--no-engine", "--policy", "lifo", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "use fcfs or priority" in result.output, result.output
+
+
 def test_cli_refuses_endpoint_without_pid(tmp_path):
     from typer.testing import CliRunner
 

@@ -77,6 +77,9 @@ def profile_scheduler(
     active_seqs: Annotated[int | None, typer.Option(
         "--active-seqs", help="microbenchmark --max-num-active-seqs (default: the profile's)")] = None,
     streams_per_user: Annotated[int, typer.Option("--streams-per-user", help="R / users")] = 4,
+    policy: Annotated[str, typer.Option(
+        "--policy", help="microbenchmark: vLLM's scheduling policy, fcfs (the limiter's bench orders the "
+                         "places) or priority (its sort by priority and turn)")] = "fcfs",
     reference_step_ms: Annotated[str | None, typer.Option(
         "--reference-step-ms", help="the decode step by batch size for the cost target, BATCH=MS comma "
                                     "separated (e.g. 1=5.5,64=7.2,256=13.0; default: the profile's "
@@ -101,6 +104,8 @@ def profile_scheduler(
         steps = _parse_reference_steps(reference_step_ms)
     except (profiles.ProfileError, typer.BadParameter) as exc:
         raise fail(str(exc), EXIT_USAGE) from None
+    if policy not in ("fcfs", "priority"):
+        raise fail(f"--policy {policy!r}: use fcfs or priority (vLLM's scheduling policies)", EXIT_USAGE)
     if (endpoint is None) != (pid is None):
         raise fail("--endpoint and --pid go together (the server to load, the process to record)", EXIT_USAGE)
     err = stderr()
@@ -133,7 +138,7 @@ def profile_scheduler(
     micro_report = None
     if microbench_part and endpoint is None:
         ms = MicrobenchSettings(r_values=r_values, rounds=rounds, calls_per_round=calls_per_round,
-                                active_seqs=active_seqs, streams_per_user=streams_per_user)
+                                active_seqs=active_seqs, streams_per_user=streams_per_user, policy=policy)
         err.print(f"microbenchmark: R = {', '.join(map(str, r_values))}; {rounds} rounds of {calls_per_round} calls "
                   f"per variant")
         results = profiling.run_microbench(ms, on_round=lambda r, k: err.print(
@@ -153,7 +158,8 @@ def profile_scheduler(
 
     breakdowns, line_breakdowns = [], []
     if breakdown_r is not None and endpoint is None:
-        ms = MicrobenchSettings(r_values=[breakdown_r], active_seqs=active_seqs, streams_per_user=streams_per_user)
+        ms = MicrobenchSettings(r_values=[breakdown_r], active_seqs=active_seqs, streams_per_user=streams_per_user,
+                                policy=policy)
         for variant in profiling.BREAKDOWN_VARIANTS:
             b = profiling.breakdown(variant, breakdown_r, ms)
             breakdowns.append(b)

@@ -66,6 +66,7 @@ class MicrobenchSettings:
     block_size: int = 16
     enable_chunked_prefill: bool = True
     async_scheduling: bool = False
+    policy: str = "fcfs"  # vLLM's scheduling policy: "fcfs" (the limiter's bench) or "priority" (its sort)
     variants: list[str] = field(default_factory=lambda: list(VARIANTS))
     limiter_clock: str = "held still"  # see the module docstring
     gc_between_batches: bool = True  # gc.collect() before each timed batch (not during it)
@@ -213,7 +214,7 @@ class SchedulerBench:
             default_tps=default_tps, user_tps=user_tps, max_num_batched_tokens=settings.max_num_batched_tokens,
             max_model_len=max_model_len, enable_chunked_prefill=settings.enable_chunked_prefill,
             async_scheduling=settings.async_scheduling, num_blocks=r * blocks_per_request + 64,
-            block_size=settings.block_size, clock=self.clock,
+            block_size=settings.block_size, clock=self.clock, policy=settings.policy,
         )
         self.is_async = settings.async_scheduling
         self._in_flight = None

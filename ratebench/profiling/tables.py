@@ -15,7 +15,8 @@ def microbench_table(report: MicrobenchReport):
     s = report.settings
     table = Table(title=(f"schedule() microbenchmark: us per call, median over {s['rounds']} rounds of "
                          f"{s['calls_per_round']} calls [IQR]; ratio to (a) per round; "
-                         f"--max-num-active-seqs {s['active_seqs']}, {s['streams_per_user']} streams per user"))
+                         f"--max-num-active-seqs {s['active_seqs']}, {s['streams_per_user']} streams per user, "
+                         f"{s.get('policy', 'fcfs').upper()} policy"))
     for col in ("R", "users", "variant", "us/call", "IQR", "mean us/call", "x (a)", "ratio IQR", "running",
                 "scheduled/step"):
         table.add_column(col, justify="left" if col == "variant" else "right")

@@ -859,6 +859,46 @@ def test_users_whose_streams_queue_behind_running_ones_get_equal_places(async_sc
     assert all(160 <= n <= 175 for n in tokens.values()), tokens
 
 
+@BOTH_POLICIES
+@SYNC_AND_ASYNC
+def test_a_user_with_more_streams_gets_no_more_places_than_one_with_fewer(async_scheduling, policy):
+    # Six users with one stream and h with two, no limit binding, 4 places of 10 ms steps: the places go
+    # round the users, 400 / 7 = 57 tok/s each. (Ranked by the streams' own turns across users, h won
+    # every tie between users served in the same step: a place every step, 100 tok/s, the others 50.)
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1000, max_num_seqs=64, max_num_active_seqs=4,
+                         async_scheduling=async_scheduling, policy=policy, clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    streams = {f"u{i}": [make_request(f"u{i}-0", user=f"u{i}", max_tokens=100_000)] for i in range(6)}
+    streams["h"] = [make_request(f"h-{k}", user="h", max_tokens=100_000) for k in range(2)]
+    e.add(*[r for rs in streams.values() for r in rs])
+    e.run_for_s(1.0)
+    start = {r.request_id: r.num_output_tokens for rs in streams.values() for r in rs}
+    e.run_for_s(5.0)
+    tokens = {u: sum(r.num_output_tokens - start[r.request_id] for r in rs) for u, rs in streams.items()}
+    assert all(270 <= n <= 300 for n in tokens.values()), tokens
+    assert abs(streams["h"][0].num_output_tokens - streams["h"][1].num_output_tokens) <= 2, tokens
+
+
+def test_under_priority_a_users_streams_take_the_places_in_their_own_turns():
+    # running holds u's streams out of their turn order (a woken stream goes to its front): u's
+    # least recently served stream takes u's place, wherever it is in running
+    clock = FakeClock()
+    s = create_scheduler(default_tps=1000, max_num_seqs=64, max_num_active_seqs=2, policy="priority", clock=clock)
+    e = Engine(s, clock, step_s=0.01)
+    mine = [make_request(f"u-{k}", user="u", max_tokens=100_000) for k in range(3)]
+    other = make_request("v-0", user="v", max_tokens=100_000)
+    e.add(*mine, other)
+    e.run_for_s(0.2)
+    for request, turn in zip(mine, (50, 40, 30)):  # u-2 served least recently, then u-1, then u-0
+        request.output_rate_turn = turn
+    s.running[:] = [*mine, other]
+    s._order_output_rate_running(clock())
+    order = [r.request_id for r in s.running]
+    assert order.index("u-2") < order.index("u-1") < order.index("u-0"), order
+    assert set(order[:2]) == {"u-2", "v-0"}, order
+
+
 def test_a_waiting_stream_takes_its_users_turn_so_every_stream_gets_tokens():
     # More users than places: a user's streams still in the queue are admitted at their user's turn
     # and rotate with the one already running.
