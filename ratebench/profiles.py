@@ -221,6 +221,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: isinstance(v, list) and len(v) > 0 and all(_pos_int(x) for x in v),
         "a non-empty list of positive integers",
     ),
+    "token_ids": (
+        lambda v: isinstance(v, list) and all(_nonneg_int(x) for x in v) and len(set(v)) == len(v),
+        "a list of distinct token ids (integers >= 0)",
+    ),
     "user_list": (
         lambda v: isinstance(v, list) and all(isinstance(x, str) and x != "" for x in v) and len(set(v)) == len(v),
         "a list of distinct user names",

@@ -573,6 +573,52 @@ max_tokens = 20
     assert "a stop token among its first 20 tokens" in check.explanation, check.explanation
 
 
+# vLLM applies a request's logit bias with a logits processor fed, row by row, as the model runner adds
+# requests to its persistent batch. Here a request added back after it had sampled (a parked one) comes
+# without its biases: a token its bias of -100 banned may come next.
+LOGIT_BIAS_LOST_ON_READD = """
+import dataclasses
+
+cls = module.LogitBiasLogitsProcessor
+shipped_update = cls.update_state
+
+def update_forgetting_logit_bias(self, batch_update):
+    if batch_update is not None and any(output and params is not None and params.logit_bias
+                                        for _, params, _, output in batch_update.added):
+        added = []
+        for index, params, prompt, output in batch_update.added:
+            if output and params is not None and params.logit_bias:
+                params = params.clone()
+                params.logit_bias = None
+                if not getattr(cls, "_mutant_said", False):
+                    cls._mutant_said = True
+                    print("ratebench test mutant: a request added back without its logit bias", file=sys.stderr,
+                          flush=True)
+            added.append((index, params, prompt, output))
+        batch_update = dataclasses.replace(batch_update, added=added)
+    return shipped_update(self, batch_update)
+
+cls.update_state = update_forgetting_logit_bias
+"""
+
+
+def test_an_engine_whose_parked_requests_come_back_without_their_logit_bias_fails_structured_answers(
+        tmp_path, tiny_model):
+    """The logit-bias stream of a throttled user bans " re" and the EOS (-100), tokens the tiny model says
+    every other token; added back to the batch after it was parked it loses the bias, and says one of them.
+    Every token is charged and timed as before, so nothing but the answer's content shows it."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.sample.logits_processor.builtin": LOGIT_BIAS_LOST_ON_READD}, """
+[[scenarios]]
+kind = "request-options"
+user = "user-a"
+options = ["logit-bias", "chat"]
+banned_token_ids = [299, 2]
+max_tokens = 20
+""")
+    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its logit bias", "logit-bias")
+    assert "logit bias of -100 bans" in check.explanation, check.explanation
+
+
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()

@@ -23,14 +23,14 @@ def tokenizer(tiny_model):
     return AutoTokenizer.from_pretrained(str(tiny_model))
 
 
-def _bodies(options, bad_words=None):
-    return [{"option": o, "api": option_body(o, 30, bad_words)[0], "body": option_body(o, 30, bad_words)[1]}
-            for o in options]
+def _bodies(options, bad_words=None, banned=None):
+    return [{"option": o, "api": option_body(o, 30, bad_words, banned)[0],
+             "body": option_body(o, 30, bad_words, banned)[1]} for o in options]
 
 
 def _run(model: Path | None, options: list[str], answers: dict[int, list[int] | None], *,
-         bodies=True, error: set[int] = frozenset(), bad_words=None) -> RunData:
-    params = ({"option_bodies": _bodies(options, bad_words)} if bodies
+         bodies=True, error: set[int] = frozenset(), bad_words=None, banned=None) -> RunData:
+    params = ({"option_bodies": _bodies(options, bad_words, banned)} if bodies
               else {"option_probes": [f"{o} 200" for o in options]})
     phase = PhaseRecord(scenario="request-options", kind="request-options", phase="request-options",
                         engine="patched-sync", start_ns=0, end_ns=10**9, users={}, params=params, index=0)
@@ -56,6 +56,23 @@ def test_every_option_of_request_options_has_its_constraint_or_none():
     assert option_body("bad-words", 30, ["re"])[1]["bad_words"] == ["re"]
     assert option_body("bad-words", 30)[1]["bad_words"] == ["the"]
     assert "bad_words" not in option_body("regex", 30, ["re"])[1]
+    # the profile's banned token ids join the logit-bias option's biases at -100, and make it a constraint
+    body = option_body("logit-bias", 30, None, [299, 2])[1]
+    assert body["logit_bias"] == {"100": 5.0, "101": -5.0, "299": -100.0, "2": -100.0}
+    assert constraint_of(body) == ("banned", [2, 299])
+    assert "logit_bias" not in option_body("regex", 30, None, [299])[1]
+
+
+def test_a_token_its_logit_bias_bans_fails_without_a_tokenizer():
+    # the ban (-100) on " re" and the EOS; the mild biases of the option (100 up, 101 down) bind nothing
+    run = _run(None, ["logit-bias", "chat"], {0: [100, 101, 7, 299, 5], 1: [299, 299]}, banned=[299, 2])
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and check.figure == 1, check.explanation
+    assert "rb-x-0 (user-b, logit-bias) at token 3: 299" in check.explanation, check.explanation
+    assert "logit bias of -100 bans" in check.explanation
+    run = _run(None, ["logit-bias", "chat"], {0: [100, 101, 7, 5], 1: [299, 299]}, banned=[299, 2])
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True and check.figure == 0, check.explanation
 
 
 def test_answers_that_obey_their_constraints_pass_and_the_free_tail_after_the_grammar_ends_is_free(

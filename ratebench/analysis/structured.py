@@ -33,9 +33,14 @@ option and the request body fields it sent (by ``stream_index``). For each answe
   answer has that many, ``ignore_eos`` or not (its min-tokens logits processor, also per row of the
   persistent batch).
 
-Other options (logit bias, penalties, stop strings, logprobs) shape or report the distribution without
-a rule an answer can be held to alone; answers-intact compares greedy answers of plain requests with
-the limiter-off engine's.
+* ``logit_bias`` with token ids biased by -100 (vLLM's lowest; the request-options scenario's
+  ``banned_token_ids``): none of them in the answer. Greedy sampling never picks a token 100 below the
+  others on any model's logits; the bias lives in a logits processor fed row by row as the model runner
+  adds requests to its persistent batch, which a parked request leaves and comes back to.
+
+Other options (milder logit biases, penalties, stop strings, logprobs) shape or report the distribution
+without a rule an answer can be held to alone; answers-intact compares greedy answers of plain requests
+with the limiter-off engine's.
 
 The tokenizer is the served model's (the manifest's ``model_path``; transformers and xgrammar, both
 installed with vLLM). Where it or xgrammar cannot be loaded, or a run folder predates
@@ -54,7 +59,8 @@ from typing import Any
 from ratebench.analysis.load import RunData
 
 KIND_REQUEST_OPTIONS = "request-options"
-_NO_TOKENIZER = ("allowed", "min_tokens")  # constraints judged on token ids alone
+_NO_TOKENIZER = ("allowed", "banned", "min_tokens")  # constraints judged on token ids alone
+BAN_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: at -100 greedy sampling never picks the token
 SNIPPET = 8  # tokens shown before the first one refused
 
 
@@ -86,8 +92,8 @@ class PhaseConformance:
 
 def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
     """(kind, spec) of a request body's constraint: ``json``, ``json_object``, ``regex``, ``choice``,
-    ``grammar`` (a grammar matcher), ``allowed`` (a token set), ``bad_words`` (words banned) or
-    ``min_tokens`` (its number and the request's own stop token ids: stop tokens masked until then); None
+    ``grammar`` (a grammar matcher), ``allowed`` (a token set), ``bad_words`` (words banned), ``banned``
+    (token ids a logit bias of -100 bans) or ``min_tokens`` (its number and the request's own stop token ids: stop tokens masked until then); None
     when the body has none."""
     rf = body.get("response_format")
     if isinstance(rf, dict):
@@ -109,6 +115,11 @@ def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
         return "allowed", [int(t) for t in body["allowed_token_ids"]]
     if body.get("bad_words"):
         return "bad_words", [str(w) for w in body["bad_words"]]
+    bias = body.get("logit_bias")
+    if isinstance(bias, dict):
+        banned = sorted(int(t) for t, b in bias.items() if isinstance(b, (int, float)) and b <= BAN_BIAS)
+        if banned:
+            return "banned", banned
     if body.get("min_tokens"):
         return "min_tokens", (int(body["min_tokens"]), [int(t) for t in body.get("stop_token_ids") or []])
     return None
@@ -252,6 +263,9 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
             elif kind == "bad_words":
                 at, held, seq = first_bad_word(grammars.bad_word_sequences(spec), list(r.token_ids))
                 why = f"which completes a bad word of {spec} as vLLM bans it (the token sequence {seq})"
+            elif kind == "banned":
+                at, held = _first_banned(spec, list(r.token_ids))
+                why = f"which its logit bias of {BAN_BIAS:g} bans (token ids {spec})"
             elif kind == "min_tokens":
                 at, held = first_early_stop(spec[0], set(stop_ids) | set(spec[1]), list(r.token_ids))
                 why = f"a stop token among its first {spec[0]} tokens, which min_tokens masks"
@@ -276,6 +290,15 @@ def _first_not_allowed(allowed_ids: list[int], tokens: list[int]) -> tuple[int |
     allowed = set(allowed_ids)
     for i, t in enumerate(tokens):
         if t not in allowed:
+            return i, i + 1
+    return None, len(tokens)
+
+
+def _first_banned(banned_ids: list[int], tokens: list[int]) -> tuple[int | None, int]:
+    """(index of the first token among ``banned_ids`` or None, tokens held to the ban); no tokenizer."""
+    banned = set(banned_ids)
+    for i, t in enumerate(tokens):
+        if t in banned:
             return i, i + 1
     return None, len(tokens)
 

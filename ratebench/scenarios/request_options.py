@@ -59,16 +59,26 @@ PARAMS: dict[str, tuple[str, Any]] = {
     # the bad-words option's words: ones the served model says, so that the ban binds and an answer that
     # breaks it shows (structured-answers); a model that never says them makes that stream a plain one
     "bad_words": ("str_list", ["the"]),
+    # the logit-bias option also biases these token ids of the served model by -100, vLLM's lowest: a ban
+    # greedy sampling never breaks, which structured-answers holds the answer to. Ones the model says, so
+    # that the ban binds; none: the option's mild biases only, which no answer can be held to alone
+    "banned_token_ids": ("token_ids", []),
 }
 
+# the bias that bans a token (vLLM clamps logit_bias to [-100, 100])
+BAN_BIAS = -100.0
 
-def option_body(option: str, max_tokens: int, bad_words: list[str] | None = None) -> tuple[str, dict[str, Any]]:
+
+def option_body(option: str, max_tokens: int, bad_words: list[str] | None = None,
+                banned_token_ids: list[int] | None = None) -> tuple[str, dict[str, Any]]:
     """The API and body fields of one option's request (``bad_words``: the bad-words option's words, its
-    default when None)."""
+    default when None; ``banned_token_ids``: the logit-bias option's token ids biased by -100)."""
     api, body = OPTIONS[option]
     body = {k: (max_tokens if v is None else v) for k, v in body.items()}
     if bad_words is not None and "bad_words" in body:
         body["bad_words"] = list(bad_words)
+    if banned_token_ids and "logit_bias" in body:
+        body["logit_bias"] = {**body["logit_bias"], **{str(t): BAN_BIAS for t in banned_token_ids}}
     return api, body
 
 
@@ -81,7 +91,7 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         salt = phase_salt(ctx, engine, "options")
         reqs = []
         for i, option in enumerate(p["options"]):
-            api, body = option_body(option, p["max_tokens"], p["bad_words"])
+            api, body = option_body(option, p["max_tokens"], p["bad_words"], p["banned_token_ids"])
             if api == "chat":
                 prompt: list[int] | str = maker.text_prompt(p["prompt_tokens"], f"{salt}-{i}")
                 exact = None
@@ -96,14 +106,14 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         # (its id says so: no phase's), so the phase's streams meet a warm engine.
         warm = []
         for i, option in enumerate(p["options"]):
-            api, body = option_body(option, 2, p["bad_words"])
+            api, body = option_body(option, 2, p["bad_words"], p["banned_token_ids"])
             status, _ = await post_probe(ctx, engine, api, f"[{salt} warm {i}] Name three colours.",
                                          {"max_tokens": 2, "ignore_eos": True, "temperature": 0.0, **body})
             warm.append(f"{option} {status}")
         # each stream's option and the body fields it sent, by stream index: structured-answers holds the
         # constrained answers to their constraints (ratebench/analysis/structured.py)
-        bodies = [{"option": option, "api": api, "body": body}
-                  for option in p["options"] for api, body in [option_body(option, p["max_tokens"], p["bad_words"])]]
+        bodies = [{"option": option, "api": api, "body": body} for option in p["options"]
+                  for api, body in [option_body(option, p["max_tokens"], p["bad_words"], p["banned_token_ids"])]]
         await ctx.phase(engine, "request-options", reqs,
                         {p["user"]: {"streams": len(reqs), "backlogged": True}},
                         params={"option_probes": warm, "option_bodies": bodies})
