@@ -118,3 +118,32 @@ async def score_parted_answers(endpoint: str, model: str, on: list[ClientRecord]
     if problems:
         out["answers_unscored"] = {"count": len(problems), "first": problems[0][:300]}
     return out
+
+
+# prompt logprobs asked per position when a penalised answer is scored: vLLM's default --max-logprobs
+PENALTY_TOP_K = 20
+
+
+def penalty_rows(status: int, text: str, prompt_len: int, answer: list[int]) -> list[dict[str, float]]:
+    """From a scoring request's reply (the answer sent after its prompt, ``prompt_logprobs`` of
+    PENALTY_TOP_K): per token of ``answer``, the raw logprobs the engine gives there to its likeliest
+    tokens and to the answer's own token, ``{token id: logprob}`` (raw: before any penalty, so the
+    verifier can apply the request's own). Raises WorkloadError on a reply without them."""
+    import json
+
+    if status != 200:
+        raise WorkloadError(f"scoring a penalised answer answered HTTP {status}: {text[:300]}")
+    try:
+        rows = json.loads(text)["choices"][0].get("prompt_logprobs")
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise WorkloadError(f"scoring a penalised answer: a reply without prompt_logprobs ({exc})") from None
+    if not rows or len(rows) < prompt_len + len(answer):
+        raise WorkloadError("scoring a penalised answer: no prompt_logprobs for every token")
+    out = []
+    for j, token in enumerate(answer):
+        row = rows[prompt_len + j] or {}
+        if str(token) not in row:
+            raise WorkloadError(f"scoring a penalised answer: token {token} missing from its prompt_logprobs")
+        out.append({t: round(float(v["logprob"]), 5) for t, v in row.items()})
+    return out
+

@@ -619,6 +619,48 @@ max_tokens = 20
     assert "logit bias of -100 bans" in check.explanation, check.explanation
 
 
+# The model runner's persistent batch holds each row's presence and frequency penalties. Here a request
+# added back after it was parked comes without them (as a limiter that rebuilt a parked request's sampling
+# state from part of its parameters would leave it): it repeats what its penalties held back.
+PENALTIES_LOST_ON_READD = """
+cls = module.InputBatch
+shipped_add = cls.add_request
+
+def add_request_forgetting_penalties(self, request):
+    index = shipped_add(self, request)
+    seen = self.__dict__.setdefault("_mutant_seen", set())
+    if request.req_id in seen and request.req_id in self.presence_penalties_reqs | self.frequency_penalties_reqs:
+        self.presence_penalties_cpu[index] = 0.0
+        self.frequency_penalties_cpu[index] = 0.0
+        self.presence_penalties_reqs.discard(request.req_id)
+        self.frequency_penalties_reqs.discard(request.req_id)
+        if not self.__dict__.get("_mutant_said"):
+            self._mutant_said = True
+            print("ratebench test mutant: a request added back without its penalties", file=sys.stderr, flush=True)
+    seen.add(request.req_id)
+    return index
+
+cls.add_request = add_request_forgetting_penalties
+"""
+
+
+def test_an_engine_whose_parked_requests_come_back_without_their_penalties_fails_structured_answers(
+        tmp_path, tiny_model):
+    """The penalties stream (presence and frequency 0.5, greedy) of a throttled user, added back to the batch
+    after it was parked, loses its penalties and says again what they held back (the tiny model says " re"
+    and its EOS every other token). Its tokens are charged and timed as before; the run scores the answer
+    on the engine (raw prompt logprobs) and structured-answers applies the penalties itself."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.worker.gpu_input_batch": PENALTIES_LOST_ON_READD}, """
+[[scenarios]]
+kind = "request-options"
+user = "user-a"
+options = ["penalties", "chat"]
+max_tokens = 20
+""")
+    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its penalties", "penalties")
+    assert "once its penalties (presence 0.5, frequency 0.5) were applied" in check.explanation, check.explanation
+
+
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()

@@ -50,8 +50,8 @@ def _ids(tokenizer, text: str) -> list[int]:
 def test_every_option_of_request_options_has_its_constraint_or_none():
     kinds = {o: (constraint_of(option_body(o, 30)[1]) or (None,))[0] for o in OPTIONS}
     assert kinds == {"json-schema": "json", "json-object": "json_object", "regex": "regex", "choice": "choice",
-                     "allowed-token-ids": "allowed", "logprobs": None, "top-logprobs": None, "penalties": None,
-                     "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": "min_tokens", "chat": None}
+                     "allowed-token-ids": "allowed", "logprobs": None, "top-logprobs": None,
+                     "penalties": "penalties", "repetition-penalty": None, "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": "min_tokens", "chat": None}
     # the profile's words replace the bad-words option's default, and only its
     assert option_body("bad-words", 30, ["re"])[1]["bad_words"] == ["re"]
     assert option_body("bad-words", 30)[1]["bad_words"] == ["the"]
@@ -61,6 +61,40 @@ def test_every_option_of_request_options_has_its_constraint_or_none():
     assert body["logit_bias"] == {"100": 5.0, "101": -5.0, "299": -100.0, "2": -100.0}
     assert constraint_of(body) == ("banned", [2, 299])
     assert "logit_bias" not in option_body("regex", 30, None, [299])[1]
+
+
+def _penalised_run(answer, rows, **kw):
+    run = _run(None, ["penalties", "chat"], {0: answer, 1: [5, 5]}, **kw)
+    run.phases[0].params["penalty_scores"] = {"0": rows}
+    return run
+
+
+def test_a_penalised_answer_greedy_under_its_penalties_passes_and_one_sampled_without_them_fails():
+    # the model's raw scores: token 10 first (-1.0), 11 next (-1.3), 12 after (-1.6), at every position.
+    # Under presence 0.5 + frequency 0.5 a token said once loses 1.0: greedy says 10, 11, 12, then 10 again
+    # (10 at -2.0 against 11 at -2.3 and 12 at -2.6)
+    row = {"10": -1.0, "11": -1.3, "12": -1.6}
+    run = _penalised_run([10, 11, 12, 10], [row] * 4)
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True and check.figure == 0, check.explanation
+    assert "penalties" in check.explanation
+    # an answer that lost its penalties (or their history) after its first token says 10 again at once
+    run = _penalised_run([10, 10, 11, 12], [row] * 4)
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and check.figure == 1, check.explanation
+    assert "at token 1: 10" in check.explanation and "token 11 beat by 0.70 nats" in check.explanation
+    # within the tolerance (ties of bfloat16 rounding) it passes: 11 at -1.02 is a tie with 10 at -1.0
+    run = _penalised_run([11, 10], [{"10": -1.0, "11": -1.02}] * 2)
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True, check.explanation
+
+
+def test_a_penalised_answer_the_run_could_not_score_fails():
+    run = _run(None, ["penalties", "chat"], {0: [10, 11], 1: [5]})
+    run.phases[0].params["penalty_scores_unscored"] = {"count": 1, "first": "rb-x-0: HTTP 500"}
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and check.figure == 1, check.explanation
+    assert "could not be scored (first: rb-x-0: HTTP 500)" in check.explanation
 
 
 def test_a_token_its_logit_bias_bans_fails_without_a_tokenizer():
@@ -207,3 +241,22 @@ def test_a_min_tokens_answer_with_a_stop_token_before_its_minimum_fails_without_
     run.manifest["model_stop_token_ids"] = []
     (check,) = structured_answers(run, None, None)
     assert check.passed is None and "names no stop tokens" in check.explanation
+
+
+def test_penalty_rows_keep_each_answer_tokens_raw_scores_and_refuse_a_reply_without_them():
+    import json
+
+    from ratebench.answerscore import penalty_rows
+    from ratebench.workload import WorkloadError
+
+    rows = [None, {"7": {"logprob": -0.1}}, {"10": {"logprob": -1.0}, "11": {"logprob": -1.25}},
+            {"11": {"logprob": -0.5}, "12": {"logprob": -2.0}}]
+    reply = json.dumps({"choices": [{"prompt_logprobs": rows}]})
+    assert penalty_rows(200, reply, 2, [11, 12]) == [{"10": -1.0, "11": -1.25}, {"11": -0.5, "12": -2.0}]
+    with pytest.raises(WorkloadError, match="HTTP 400"):
+        penalty_rows(400, "bad", 2, [11, 12])
+    with pytest.raises(WorkloadError, match="token 13 missing"):
+        penalty_rows(200, reply, 2, [11, 13])
+    with pytest.raises(WorkloadError, match="every token"):
+        penalty_rows(200, reply, 3, [11, 12])
+

@@ -38,9 +38,14 @@ option and the request body fields it sent (by ``stream_index``). For each answe
   others on any model's logits; the bias lives in a logits processor fed row by row as the model runner
   adds requests to its persistent batch, which a parked request leaves and comes back to.
 
-Other options (milder logit biases, penalties, stop strings, logprobs) shape or report the distribution
-without a rule an answer can be held to alone; answers-intact compares greedy answers of plain requests
-with the limiter-off engine's.
+* additive penalties (``presence_penalty``, ``frequency_penalty``; greedy, no repetition penalty): the
+  answer is greedy under them. The run sends it after its prompt to the same engine (``prompt_logprobs``:
+  the raw logprobs of the likeliest tokens and of the answer's own, per position; phase params
+  ``penalty_scores``); applied to those, no token beats the answer's by more than the tolerance.
+
+Other options (milder logit biases, the repetition penalty, which scales logits prompt logprobs do not
+give, stop strings, logprobs) shape or report the distribution without a rule an answer can be held to
+alone; answers-intact compares greedy answers of plain requests with the limiter-off engine's.
 
 The tokenizer is the served model's (the manifest's ``model_path``; transformers and xgrammar, both
 installed with vLLM). Where it or xgrammar cannot be loaded, or a run folder predates
@@ -59,8 +64,11 @@ from typing import Any
 from ratebench.analysis.load import RunData
 
 KIND_REQUEST_OPTIONS = "request-options"
-_NO_TOKENIZER = ("allowed", "banned", "min_tokens")  # constraints judged on token ids alone
-BAN_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: at -100 greedy sampling never picks the token
+_NO_TOKENIZER = ("allowed", "banned", "penalties", "min_tokens")  # constraints judged on token ids alone
+BAN_BIAS = -100.0
+# nats a penalised answer's token may score below the best token of its row (ties: the engine's batch changes
+# the rounding of bfloat16 logits, as answers-intact allows; the check passes --answers-logprob-tol)
+PENALTY_TOL = 0.05  # vLLM clamps logit_bias to [-100, 100]: at -100 greedy sampling never picks the token
 SNIPPET = 8  # tokens shown before the first one refused
 
 
@@ -88,13 +96,17 @@ class PhaseConformance:
     without_ids: int = 0  # constrained answers that came without token ids (not checked)
     errors: int = 0  # constrained answers answered with an error (reconciliation judges those)
     not_made: str | None = None  # why no answer of the phase could be checked
+    # penalised answers the run could not score (the scoring request failed): failed, not passed
+    unscored: int = 0
+    unscored_why: str | None = None
 
 
 def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
     """(kind, spec) of a request body's constraint: ``json``, ``json_object``, ``regex``, ``choice``,
     ``grammar`` (a grammar matcher), ``allowed`` (a token set), ``bad_words`` (words banned), ``banned``
-    (token ids a logit bias of -100 bans) or ``min_tokens`` (its number and the request's own stop token ids: stop tokens masked until then); None
-    when the body has none."""
+    (token ids a logit bias of -100 bans), ``penalties`` (additive presence and frequency penalties, held to
+    the model's raw scores) or ``min_tokens`` (its number and the request's own stop token ids: stop tokens
+    masked until then); None when the body has none."""
     rf = body.get("response_format")
     if isinstance(rf, dict):
         if rf.get("type") == "json_schema":
@@ -120,6 +132,10 @@ def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
         banned = sorted(int(t) for t, b in bias.items() if isinstance(b, (int, float)) and b <= BAN_BIAS)
         if banned:
             return "banned", banned
+    presence, frequency = float(body.get("presence_penalty") or 0), float(body.get("frequency_penalty") or 0)
+    if (presence or frequency) and float(body.get("repetition_penalty") or 1) == 1 \
+            and float(body.get("temperature", 0) or 0) == 0:
+        return "penalties", (presence, frequency)
     if body.get("min_tokens"):
         return "min_tokens", (int(body["min_tokens"]), [int(t) for t in body.get("stop_token_ids") or []])
     return None
@@ -204,8 +220,9 @@ def _grammars(model_path: str) -> _Grammars:
     return _Grammars(model_path)
 
 
-def structured_conformance(run: RunData) -> list[PhaseConformance]:
-    """Per request-options phase: its constrained answers held to their constraints."""
+def structured_conformance(run: RunData, tol: float = PENALTY_TOL) -> list[PhaseConformance]:
+    """Per request-options phase: its constrained answers held to their constraints (``tol``: nats a
+    penalised answer's token may score below the best, for ties)."""
     phases = [p for p in run.phases if p.kind == KIND_REQUEST_OPTIONS]
     if not phases:
         return []
@@ -266,6 +283,15 @@ def structured_conformance(run: RunData) -> list[PhaseConformance]:
             elif kind == "banned":
                 at, held = _first_banned(spec, list(r.token_ids))
                 why = f"which its logit bias of {BAN_BIAS:g} bans (token ids {spec})"
+            elif kind == "penalties":
+                rows = (ph.params.get("penalty_scores") or {}).get(str(r.stream_index))
+                if not isinstance(rows, list) or len(rows) != len(r.token_ids):
+                    pc.unscored += 1
+                    unscored = ph.params.get("penalty_scores_unscored") or {}
+                    pc.unscored_why = pc.unscored_why or str(unscored.get("first") or
+                                                             f"{r.client_id}: no scores recorded for its tokens")
+                    continue
+                at, held, why = first_beaten_under_penalties(spec, list(r.token_ids), rows, tol)
             elif kind == "min_tokens":
                 at, held = first_early_stop(spec[0], set(stop_ids) | set(spec[1]), list(r.token_ids))
                 why = f"a stop token among its first {spec[0]} tokens, which min_tokens masks"
@@ -313,6 +339,36 @@ def first_bad_word(sequences: list[list[int]], tokens: list[int]) -> tuple[int |
             if n - 1 <= i and tokens[i] == seq[-1] and tokens[i - n + 1:i] == seq[:-1]:
                 return i, i + 1, seq
     return None, len(tokens), None
+
+
+def first_beaten_under_penalties(spec: tuple[float, float], tokens: list[int], rows: list[dict[str, float]],
+                                 tol: float) -> tuple[int | None, int, str]:
+    """(index of the first token another beat by more than ``tol`` nats once the penalties are applied, or
+    None; tokens held; why). ``rows``: per token, the raw logprobs of the likeliest tokens there and of the
+    answer's own (``ratebench.answerscore.penalty_rows``). vLLM subtracts from a token's logit
+    ``presence * [count > 0] + frequency * count``, its count among the answer's tokens before; a logprob
+    differs from its logit by the same constant for every token of a row, so the penalised logprobs order
+    the tokens as the penalised logits do. Greedy picks the best of them; a token of the row better by more
+    than ``tol`` shows the answer was not sampled under its penalties (tokens outside the row score lower
+    raw, and may only be lower still penalised, so they are never needed to prove a fault)."""
+    presence, frequency = spec
+    counts: dict[int, int] = {}
+    for j, token in enumerate(tokens):
+        row = rows[j]
+
+        def penalised(t: int, lp: float) -> float:
+            c = counts.get(t, 0)
+            return lp - (presence if c else 0.0) - frequency * c
+
+        own = penalised(token, row[str(token)])
+        best_t, best = max(((int(t), penalised(int(t), lp)) for t, lp in row.items()), key=lambda x: x[1])
+        if best - own > tol:
+            return j, j + 1, (f"which token {best_t} beat by {best - own:.2f} nats once its penalties (presence "
+                              f"{presence:g}, frequency {frequency:g}) were applied to the model's scores (the "
+                              f"answer had said {token} {counts.get(token, 0)} times and {best_t} "
+                              f"{counts.get(best_t, 0)} times before): the request was not sampled under them")
+        counts[token] = counts.get(token, 0) + 1
+    return None, len(tokens), ""
 
 
 def first_early_stop(min_tokens: int, stop_ids: set[int], tokens: list[int]) -> tuple[int | None, int]:

@@ -235,10 +235,11 @@ async def streams_of_user(ctx: ScenarioContext, engine: EngineRef, user: str | N
     return out
 
 
-async def post_probe(ctx: ScenarioContext, engine: EngineRef, api: str, text: str, fields: dict[str, Any]
-                     ) -> tuple[int, str]:
+async def post_probe(ctx: ScenarioContext, engine: EngineRef, api: str, text: str | list[int],
+                     fields: dict[str, Any], *, whole: bool = False) -> tuple[int, str]:
     """One plain (not streamed) request of ``text`` on ``api`` ("completions" or "chat") with ``fields``,
-    before a phase: its HTTP status and the start of its body. Its id says it is a probe
+    before a phase: its HTTP status and the start of its body (``whole``: all of it; ``text`` may be token
+    ids on the completions API). Its id says it is a probe
     (ratebench.analysis.load.is_warmup_request): no phase's, and no client record names it (each engine
     request it makes, a beam or an answer, carries that id)."""
     body: dict[str, Any] = {"model": engine.model, **fields}
@@ -250,7 +251,7 @@ async def post_probe(ctx: ScenarioContext, engine: EngineRef, api: str, text: st
         path = "/v1/completions"
     ctx.driver.probes_sent += 1
     headers = {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"}
-    return await ctx.driver.post_json(engine.endpoint + path, body, headers)
+    return await ctx.driver.post_json(engine.endpoint + path, body, headers, whole=whole)
 
 
 async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str | None, salt: str

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratebench.answerscore import PENALTY_TOP_K, penalty_rows
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
 from ratebench.scenarios.base import (
     EngineRef, PhasePlan, ScenarioContext, at_limits, on_every_mode, phase_salt, post_probe,
 )
-from ratebench.workload import StreamRequest
+from ratebench.workload import StreamRequest, WorkloadError
 
 _SCHEMA = {"type": "object", "properties": {"words": {"type": "array", "items": {"type": "string"}}},
            "required": ["words"]}
@@ -42,7 +43,10 @@ OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "choice": ("completions", {"structured_outputs": {"choice": ["yes", "no"]}}),
     "logprobs": ("completions", {"logprobs": 5}),
     "top-logprobs": ("chat", {"logprobs": True, "top_logprobs": 5}),
-    "penalties": ("completions", {"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.2}),
+    # additive penalties, which the verifier can apply to the model's raw scores (penalty_scores); the
+    # repetition penalty scales logits, which prompt logprobs do not give, so it has a stream of its own
+    "penalties": ("completions", {"presence_penalty": 0.5, "frequency_penalty": 0.5}),
+    "repetition-penalty": ("completions", {"repetition_penalty": 1.2}),
     "stop": ("completions", {"stop": ["\u241e never \u241e"]}),
     "logit-bias": ("completions", {"logit_bias": {"100": 5.0, "101": -5.0}}),
     "allowed-token-ids": ("completions", {"allowed_token_ids": list(range(100, 400))}),
@@ -82,6 +86,10 @@ def option_body(option: str, max_tokens: int, bad_words: list[str] | None = None
     return api, body
 
 
+def _additive_penalties(body: dict[str, Any]) -> bool:
+    return bool(body.get("presence_penalty") or body.get("frequency_penalty"))
+
+
 def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
     """One greedy stream per option, of one user, sent at once and run to ``max_tokens``."""
     p = spec.params
@@ -114,9 +122,35 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         # constrained answers to their constraints (ratebench/analysis/structured.py)
         bodies = [{"option": option, "api": api, "body": body} for option in p["options"]
                   for api, body in [option_body(option, p["max_tokens"], p["bad_words"], p["banned_token_ids"])]]
+
+        async def score_penalties() -> dict[str, Any]:
+            # greedy answers under additive penalties: each sent after its prompt to this engine again
+            # (a probe: prompt_logprobs, one token), so structured-answers can apply the penalties to the
+            # model's raw scores and find a token that beat the answer's own (a request that came back
+            # without its penalties, or without the history they count)
+            scores: dict[str, Any] = {}
+            problems: list[str] = []
+            for r in ctx.driver.records:
+                if (r.scenario, r.phase, r.engine) != (ctx.spec.name, "request-options", engine.name):
+                    continue
+                if not _additive_penalties(bodies[r.stream_index]["body"]) or not r.token_ids or r.error:
+                    continue
+                prompt = reqs[r.stream_index].prompt
+                status, text = await post_probe(ctx, engine, "completions", list(prompt) + list(r.token_ids),
+                                                {"max_tokens": 1, "temperature": 0.0,
+                                                 "prompt_logprobs": PENALTY_TOP_K}, whole=True)
+                try:
+                    scores[str(r.stream_index)] = penalty_rows(status, text, len(prompt), list(r.token_ids))
+                except WorkloadError as exc:
+                    problems.append(f"{r.client_id}: {exc}")
+            out: dict[str, Any] = {"penalty_scores": scores}
+            if problems:
+                out["penalty_scores_unscored"] = {"count": len(problems), "first": problems[0][:300]}
+            return out
+
         await ctx.phase(engine, "request-options", reqs,
                         {p["user"]: {"streams": len(reqs), "backlogged": True}},
-                        params={"option_probes": warm, "option_bodies": bodies})
+                        params={"option_probes": warm, "option_bodies": bodies}, extra=score_penalties)
 
     def estimate(limits):
         return at_limits(limits, [(p["user"], len(p["options"]), p["max_tokens"])])

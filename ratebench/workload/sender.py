@@ -103,13 +103,14 @@ class StreamSender:
             out.append(rec)
         return out
 
-    async def post_json(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
-                        ) -> tuple[int, str]:
-        """One plain (not streamed) POST: its HTTP status and the start of its body (a probe's answer)."""
+    async def post_json(self, url: str, body: dict[str, Any], headers: dict[str, str] | None = None,
+                        *, whole: bool = False) -> tuple[int, str]:
+        """One plain (not streamed) POST: its HTTP status and the start of its body (a probe's answer;
+        ``whole``: all of it)."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), transport=self.transport,
                                      verify=ssl_context()) as client:
             r = await client.post(url, json=body, headers=headers)
-        return r.status_code, r.text[:500]
+        return r.status_code, r.text if whole else r.text[:500]
 
     def open_client(self, ctx: PhaseContext, streams: int) -> "httpx.AsyncClient | StreamPool":
         """The phase's client: a keep-alive pool for ``streams`` at once (httpx over a test transport)."""

@@ -8,7 +8,7 @@ from ratebench.analysis.answers import answer_comparisons
 from ratebench.analysis.checks.base import CheckMeaning, RowContext, meanings, per_row, per_run
 from ratebench.analysis.load import RunData
 from ratebench.analysis.reconcile import cancel_problem
-from ratebench.analysis.structured import structured_conformance
+from ratebench.analysis.structured import PENALTY_TOL, structured_conformance
 from ratebench.analysis.summary import RunSummary
 from ratebench.analysis.thresholds import for_phase
 from ratebench.analysis.verdict import Check, Thresholds
@@ -113,9 +113,9 @@ def structured_answers(run: RunData, s: RunSummary, th: Thresholds) -> list[Chec
     """Per request-options phase: every constrained answer obeys its constraint, as a fresh matcher of it
     reads the answer's tokens (analysis/structured.py)."""
     out = []
-    for c in structured_conformance(run):
+    for c in structured_conformance(run, th.answers_logprob_tol if th is not None else PENALTY_TOL):
         ids = (c.scenario, c.phase, c.engine, None)
-        if c.not_made is not None and not c.checked:
+        if c.not_made is not None and not c.checked and not c.unscored:
             out.append(Check("structured-answers", *ids, None, 0, "<=", "requests", None,
                              f"not made: {c.not_made}"))
             continue
@@ -133,5 +133,9 @@ def structured_answers(run: RunData, s: RunSummary, th: Thresholds) -> list[Chec
             text += f"; {c.errors} answered with an error (reconciliation judges those)"
         if c.not_made:
             text += f"; {c.not_made}"
-        out.append(Check("structured-answers", *ids, len(c.broken), 0, "<=", "requests", not c.broken, text))
+        if c.unscored:
+            text += (f"; {c.unscored} penalised answers could not be scored (first: {c.unscored_why}), failed: "
+                     "an answer not judged is not passed")
+        out.append(Check("structured-answers", *ids, len(c.broken) + c.unscored, 0, "<=", "requests",
+                         not c.broken and not c.unscored, text))
     return out
