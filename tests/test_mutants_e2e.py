@@ -488,22 +488,34 @@ max_tokens = 20
 # request) and adds it back when it runs again. Here, added back, it comes without its bad words (as a
 # limiter that rebuilt a parked request's sampling state from part of its parameters would leave it): the
 # ban holds for the first stretch of the answer only. Every token is charged and timed as before.
-BAD_WORDS_LOST_ON_READD = """
+def _forget_on_readd(what: str, forget: str) -> str:
+    """Mutant code for vllm.v1.worker.gpu_input_batch: a request added back to the persistent batch (it was
+    there before: a parked one) runs ``forget`` (statements on ``self``, ``index`` and ``request`` that set
+    ``forgot``) and says, once, that it came back without ``what``."""
+    body = "\n".join(" " * 8 + line for line in forget.strip().splitlines())
+    return f"""
 cls = module.InputBatch
 shipped_add = cls.add_request
 
-def add_request_forgetting_bad_words(self, request):
+def add_request_forgetting(self, request):
     index = shipped_add(self, request)
     seen = self.__dict__.setdefault("_mutant_seen", set())
-    if request.req_id in seen and self.bad_words_token_ids.pop(index, None) is not None:
-        if not self.__dict__.get("_mutant_said"):
-            self._mutant_said = True
-            print("ratebench test mutant: a request added back without its bad words", file=sys.stderr, flush=True)
+    forgot = False
+    if request.req_id in seen:
+{body}
+    if forgot and not self.__dict__.get("_mutant_said"):
+        self._mutant_said = True
+        print("ratebench test mutant: a request added back without its {what}", file=sys.stderr, flush=True)
     seen.add(request.req_id)
     return index
 
-cls.add_request = add_request_forgetting_bad_words
+cls.add_request = add_request_forgetting
 """
+
+
+BAD_WORDS_LOST_ON_READD = _forget_on_readd("bad words", """
+forgot = self.bad_words_token_ids.pop(index, None) is not None
+""")
 
 
 def test_an_engine_whose_parked_requests_come_back_without_their_bad_words_fails_structured_answers(
@@ -513,16 +525,24 @@ def test_an_engine_whose_parked_requests_come_back_without_their_bad_words_fails
     token; with " re" banned alone, one run in four of this test got an answer of 20 tokens that never came
     back to it). Its tokens are charged and timed as before; structured-answers expands the words as vLLM
     does and finds a banned sequence in the answer."""
-    verdict = _run_broken(tmp_path, {"vllm.v1.worker.gpu_input_batch": BAD_WORDS_LOST_ON_READD}, """
+    check = _one_option_broken(tmp_path, "vllm.v1.worker.gpu_input_batch", BAD_WORDS_LOST_ON_READD, "bad-words",
+                               "a request added back without its bad words", 'bad_words = ["re", "<|im_end|>"]')
+    assert any(f"the token sequence [{t}]" in check.explanation for t in (299, 268, 2)), check.explanation
+
+
+def _one_option_broken(tmp_path, module: str, code: str, option: str, mutant_said: str, extra: str = ""):
+    """request-options with one stream of ``option`` and a chat stream, of throttled user-a (``extra``: more
+    of the scenario's lines), on an engine with ``code`` injected into ``module``: only that answer is
+    broken (``_only_one_answer_broken``). Returns the check."""
+    verdict = _run_broken(tmp_path, {module: code}, f"""
 [[scenarios]]
 kind = "request-options"
 user = "user-a"
-options = ["bad-words", "chat"]
-bad_words = ["re", "<|im_end|>"]
+options = ["{option}", "chat"]
 max_tokens = 20
+{extra}
 """)
-    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its bad words", "bad-words")
-    assert any(f"the token sequence [{t}]" in check.explanation for t in (299, 268, 2)), check.explanation
+    return _only_one_answer_broken(tmp_path, verdict, mutant_said, option)
 
 
 def _only_one_answer_broken(tmp_path, verdict, mutant_said: str, option: str):
@@ -562,14 +582,8 @@ def test_an_engine_whose_parked_requests_come_back_without_min_tokens_fails_stru
     batch after it was parked, loses its mask of the stop tokens: the tiny model then says its EOS (token 2)
     soon. Every token is charged and the answer runs to max_tokens under ignore_eos, so nothing but its
     content shows it."""
-    verdict = _run_broken(tmp_path, {"vllm.v1.sample.logits_processor.builtin": MIN_TOKENS_LOST_ON_READD}, """
-[[scenarios]]
-kind = "request-options"
-user = "user-a"
-options = ["min-tokens", "chat"]
-max_tokens = 20
-""")
-    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its min_tokens", "min-tokens")
+    check = _one_option_broken(tmp_path, "vllm.v1.sample.logits_processor.builtin", MIN_TOKENS_LOST_ON_READD,
+                               "min-tokens", "a request added back without its min_tokens")
     assert "a stop token among its first 20 tokens" in check.explanation, check.explanation
 
 
@@ -607,41 +621,21 @@ def test_an_engine_whose_parked_requests_come_back_without_their_logit_bias_fail
     """The logit-bias stream of a throttled user bans " re" and the EOS (-100), tokens the tiny model says
     every other token; added back to the batch after it was parked it loses the bias, and says one of them.
     Every token is charged and timed as before, so nothing but the answer's content shows it."""
-    verdict = _run_broken(tmp_path, {"vllm.v1.sample.logits_processor.builtin": LOGIT_BIAS_LOST_ON_READD}, """
-[[scenarios]]
-kind = "request-options"
-user = "user-a"
-options = ["logit-bias", "chat"]
-banned_token_ids = [299, 2]
-max_tokens = 20
-""")
-    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its logit bias", "logit-bias")
+    check = _one_option_broken(tmp_path, "vllm.v1.sample.logits_processor.builtin", LOGIT_BIAS_LOST_ON_READD,
+                               "logit-bias", "a request added back without its logit bias", "banned_token_ids = [299, 2]")
     assert "logit bias of -100 bans" in check.explanation, check.explanation
 
 
 # The model runner's persistent batch holds each row's presence and frequency penalties. Here a request
 # added back after it was parked comes without them (as a limiter that rebuilt a parked request's sampling
 # state from part of its parameters would leave it): it repeats what its penalties held back.
-PENALTIES_LOST_ON_READD = """
-cls = module.InputBatch
-shipped_add = cls.add_request
-
-def add_request_forgetting_penalties(self, request):
-    index = shipped_add(self, request)
-    seen = self.__dict__.setdefault("_mutant_seen", set())
-    if request.req_id in seen and request.req_id in self.presence_penalties_reqs | self.frequency_penalties_reqs:
-        self.presence_penalties_cpu[index] = 0.0
-        self.frequency_penalties_cpu[index] = 0.0
-        self.presence_penalties_reqs.discard(request.req_id)
-        self.frequency_penalties_reqs.discard(request.req_id)
-        if not self.__dict__.get("_mutant_said"):
-            self._mutant_said = True
-            print("ratebench test mutant: a request added back without its penalties", file=sys.stderr, flush=True)
-    seen.add(request.req_id)
-    return index
-
-cls.add_request = add_request_forgetting_penalties
-"""
+PENALTIES_LOST_ON_READD = _forget_on_readd("penalties", """
+forgot = request.req_id in self.presence_penalties_reqs | self.frequency_penalties_reqs
+self.presence_penalties_cpu[index] = 0.0
+self.frequency_penalties_cpu[index] = 0.0
+self.presence_penalties_reqs.discard(request.req_id)
+self.frequency_penalties_reqs.discard(request.req_id)
+""")
 
 
 def test_an_engine_whose_parked_requests_come_back_without_their_penalties_fails_structured_answers(
@@ -650,14 +644,8 @@ def test_an_engine_whose_parked_requests_come_back_without_their_penalties_fails
     after it was parked, loses its penalties and says again what they held back (the tiny model says " re"
     and its EOS every other token). Its tokens are charged and timed as before; the run scores the answer
     on the engine (raw prompt logprobs) and structured-answers applies the penalties itself."""
-    verdict = _run_broken(tmp_path, {"vllm.v1.worker.gpu_input_batch": PENALTIES_LOST_ON_READD}, """
-[[scenarios]]
-kind = "request-options"
-user = "user-a"
-options = ["penalties", "chat"]
-max_tokens = 20
-""")
-    check = _only_one_answer_broken(tmp_path, verdict, "a request added back without its penalties", "penalties")
+    check = _one_option_broken(tmp_path, "vllm.v1.worker.gpu_input_batch", PENALTIES_LOST_ON_READD, "penalties",
+                               "a request added back without its penalties")
     assert "once its penalties (presence 0.5, frequency 0.5) were applied" in check.explanation, check.explanation
 
 
