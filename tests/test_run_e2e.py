@@ -104,9 +104,10 @@ max_tokens = 20
 
 [[scenarios]]
 kind = "request-options"
-user = "user-a"                  # 100 tok/s over 13 streams, one per option users send: the budget binds
+user = "user-a"                  # 100 tok/s over 14 streams, one per option users send: the budget binds
 max_tokens = 10
 bad_words = ["re", "<|im_end|>"] # the tiny model says " re" and its EOS (ignore_eos) every other token: the ban binds
+banned_token_ids = [299, 2]       # the same two tokens, banned by the logit-bias option's bias of -100
 
 [[scenarios]]
 kind = "anonymous-and-spoofing"
@@ -426,6 +427,7 @@ def test_every_request_option_is_served_whole_and_charged_to_its_user(small_run)
     answered without error, and every token of it was the user's (the warm-up probes are no phase's)."""
     from ratebench.scenarios.request_options import OPTIONS
 
+    OPTIONS_ORDER = list(OPTIONS)  # the scenario's default options: one stream each, in this order
     outcome, _ = small_run
     finishes = _finishes(outcome)
     sent = [r for r in read_client_records(outcome.run_dir / "requests.jsonl") if r.scenario == "request-options"]
@@ -437,14 +439,16 @@ def test_every_request_option_is_served_whole_and_charged_to_its_user(small_run)
     phases = [p for p in json.loads((outcome.run_dir / "scenarios.json").read_text())
               if p["scenario"] == "request-options"]
     assert phases and all(p["params"]["option_probes"] == [f"{o} 200" for o in OPTIONS] for p in phases)
-    # the constrained answers (json-schema, json-object, regex, choice, allowed-token-ids, bad-words,
-    # min-tokens) obey their constraints, held to fresh grammar matchers, vLLM's bad-word sequences with the
-    # model's tokenizer, and the stop tokens min_tokens masks
+    # the constrained answers (json-schema, json-object, regex, choice, penalties, logit-bias,
+    # allowed-token-ids, bad-words, min-tokens) obey their constraints, held to fresh grammar matchers, the
+    # model's raw scores under the penalties (scored after the phase), the banned ids, vLLM's bad-word
+    # sequences with the model's tokenizer, and the stop tokens min_tokens masks
     from ratebench.verify import analyse_run
 
+    assert all(set(p["params"]["penalty_scores"]) == {str(OPTIONS_ORDER.index("penalties"))} for p in phases)
     checks = [c for c in analyse_run(outcome.run_dir).verdict.checks if c.name == "structured-answers"]
     assert len(checks) == len(phases), checks
-    assert all(c.passed and c.explanation.startswith("0 of 7 constrained answers") for c in checks), \
+    assert all(c.passed and c.explanation.startswith("0 of 9 constrained answers") for c in checks), \
         [c.explanation for c in checks]
 
 
