@@ -21,6 +21,7 @@ into an overload in which first tokens waited 2 s on both engines.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import httpx
@@ -70,16 +71,23 @@ async def score_answer(client: httpx.AsyncClient, endpoint: str, model: str, pro
     r = await client.post(f"{endpoint}/v1/completions", json=body)
     if r.status_code != 200:
         raise WorkloadError(f"scoring an answer on {endpoint} answered HTTP {r.status_code}: {r.text[:300]}")
-    rows = r.json()["choices"][0].get("prompt_logprobs")
-    if not rows or len(rows) < len(prompt) + len(answer):
-        raise WorkloadError(f"scoring an answer on {endpoint}: no prompt_logprobs for every token")
+    rows = answer_rows(r.json()["choices"][0].get("prompt_logprobs"), len(prompt), answer,
+                       f"scoring an answer on {endpoint}")
+    return [[row[str(token)], max(row.values())] for token, row in zip(answer, rows)]
+
+
+def answer_rows(rows: list | None, prompt_len: int, answer: list[int], what: str) -> list[dict[str, float]]:
+    """From a scoring reply's ``prompt_logprobs`` (the answer sent after a prompt of ``prompt_len``
+    tokens): per token of ``answer``, ``{token id: logprob}`` of the tokens the engine listed there, the
+    answer's own among them. Raises WorkloadError (starting with ``what``) where one is missing."""
+    if not rows or len(rows) < prompt_len + len(answer):
+        raise WorkloadError(f"{what}: no prompt_logprobs for every token")
     out = []
     for j, token in enumerate(answer):
-        row = rows[len(prompt) + j] or {}
-        own = row.get(str(token))
-        if own is None:
-            raise WorkloadError(f"scoring an answer on {endpoint}: token {token} missing from its prompt_logprobs")
-        out.append([own["logprob"], max(v["logprob"] for v in row.values())])
+        row = rows[prompt_len + j] or {}
+        if str(token) not in row:
+            raise WorkloadError(f"{what}: token {token} missing from its prompt_logprobs")
+        out.append({t: float(v["logprob"]) for t, v in row.items()})
     return out
 
 
@@ -129,21 +137,11 @@ def penalty_rows(status: int, text: str, prompt_len: int, answer: list[int]) -> 
     PENALTY_TOP_K): per token of ``answer``, the raw logprobs the engine gives there to its likeliest
     tokens and to the answer's own token, ``{token id: logprob}`` (raw: before any penalty, so the
     verifier can apply the request's own). Raises WorkloadError on a reply without them."""
-    import json
-
     if status != 200:
         raise WorkloadError(f"scoring a penalised answer answered HTTP {status}: {text[:300]}")
     try:
         rows = json.loads(text)["choices"][0].get("prompt_logprobs")
     except (ValueError, KeyError, IndexError, TypeError) as exc:
         raise WorkloadError(f"scoring a penalised answer: a reply without prompt_logprobs ({exc})") from None
-    if not rows or len(rows) < prompt_len + len(answer):
-        raise WorkloadError("scoring a penalised answer: no prompt_logprobs for every token")
-    out = []
-    for j, token in enumerate(answer):
-        row = rows[prompt_len + j] or {}
-        if str(token) not in row:
-            raise WorkloadError(f"scoring a penalised answer: token {token} missing from its prompt_logprobs")
-        out.append({t: round(float(v["logprob"]), 5) for t, v in row.items()})
-    return out
-
+    return [{t: round(lp, 5) for t, lp in row.items()}
+            for row in answer_rows(rows, prompt_len, answer, "scoring a penalised answer")]

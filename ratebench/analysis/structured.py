@@ -65,10 +65,10 @@ from ratebench.analysis.load import RunData
 
 KIND_REQUEST_OPTIONS = "request-options"
 _NO_TOKENIZER = ("allowed", "banned", "penalties", "min_tokens")  # constraints judged on token ids alone
-BAN_BIAS = -100.0
+BAN_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: at -100 greedy sampling never picks the token
 # nats a penalised answer's token may score below the best token of its row (ties: the engine's batch changes
 # the rounding of bfloat16 logits, as answers-intact allows; the check passes --answers-logprob-tol)
-PENALTY_TOL = 0.05  # vLLM clamps logit_bias to [-100, 100]: at -100 greedy sampling never picks the token
+PENALTY_TOL = 0.05
 SNIPPET = 8  # tokens shown before the first one refused
 
 
@@ -314,17 +314,18 @@ def structured_conformance(run: RunData, tol: float = PENALTY_TOL) -> list[Phase
 def _first_not_allowed(allowed_ids: list[int], tokens: list[int]) -> tuple[int | None, int]:
     """(index of the first token outside ``allowed_ids`` or None, tokens held to the set); no tokenizer."""
     allowed = set(allowed_ids)
-    for i, t in enumerate(tokens):
-        if t not in allowed:
-            return i, i + 1
-    return None, len(tokens)
+    return _first_where(lambda t: t not in allowed, tokens)
 
 
 def _first_banned(banned_ids: list[int], tokens: list[int]) -> tuple[int | None, int]:
     """(index of the first token among ``banned_ids`` or None, tokens held to the ban); no tokenizer."""
     banned = set(banned_ids)
+    return _first_where(banned.__contains__, tokens)
+
+
+def _first_where(refused, tokens: list[int]) -> tuple[int | None, int]:
     for i, t in enumerate(tokens):
-        if t in banned:
+        if refused(t):
             return i, i + 1
     return None, len(tokens)
 

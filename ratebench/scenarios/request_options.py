@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratebench.analysis.structured import BAN_BIAS, constraint_of
 from ratebench.answerscore import PENALTY_TOP_K, penalty_rows
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
@@ -69,9 +70,6 @@ PARAMS: dict[str, tuple[str, Any]] = {
     "banned_token_ids": ("token_ids", []),
 }
 
-# the bias that bans a token (vLLM clamps logit_bias to [-100, 100])
-BAN_BIAS = -100.0
-
 
 def option_body(option: str, max_tokens: int, bad_words: list[str] | None = None,
                 banned_token_ids: list[int] | None = None) -> tuple[str, dict[str, Any]]:
@@ -84,10 +82,6 @@ def option_body(option: str, max_tokens: int, bad_words: list[str] | None = None
     if banned_token_ids and "logit_bias" in body:
         body["logit_bias"] = {**body["logit_bias"], **{str(t): BAN_BIAS for t in banned_token_ids}}
     return api, body
-
-
-def _additive_penalties(body: dict[str, Any]) -> bool:
-    return bool(body.get("presence_penalty") or body.get("frequency_penalty"))
 
 
 def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -133,7 +127,8 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
             for r in ctx.driver.records:
                 if (r.scenario, r.phase, r.engine) != (ctx.spec.name, "request-options", engine.name):
                     continue
-                if not _additive_penalties(bodies[r.stream_index]["body"]) or not r.token_ids or r.error:
+                constraint = constraint_of(bodies[r.stream_index]["body"])
+                if constraint is None or constraint[0] != "penalties" or not r.token_ids or r.error:
                     continue
                 prompt = reqs[r.stream_index].prompt
                 status, text = await post_probe(ctx, engine, "completions", list(prompt) + list(r.token_ids),
