@@ -145,3 +145,33 @@ def penalty_rows(status: int, text: str, prompt_len: int, answer: list[int]) -> 
         raise WorkloadError(f"scoring a penalised answer: a reply without prompt_logprobs ({exc})") from None
     return [{t: round(lp, 5) for t, lp in row.items()}
             for row in answer_rows(rows, prompt_len, answer, "scoring a penalised answer")]
+
+
+# logit bias (nats) a repetition probe adds to the answer's own token: the tie margin of structured-answers'
+# repetition rule. The answer and its probe are computed in different batches (a decode step, a prefill), whose
+# bfloat16 rounding moved one token's logprob by up to 0.031 on cpu-tiny (analysis/answers.py); the penalty
+# scales a logit by at most its factor (1.2 here), so two tokens' penalised scores move apart by at most about
+# 2 x 0.031 x 1.2 = 0.075, and a bias of 0.125 scaled down by the same factor (0.104) still covers that
+REPETITION_PROBE_BIAS = 0.125
+
+
+def repetition_probe_body(body: dict[str, Any], token: int) -> dict[str, Any]:
+    """The sampling fields of a repetition probe for an answer of request ``body`` (greedy, a repetition
+    penalty): one greedy token, under the request's repetition penalty and logit biases, with
+    REPETITION_PROBE_BIAS more on ``token`` (vLLM clamps a bias to [-100, 100])."""
+    bias = {str(t): float(b) for t, b in (body.get("logit_bias") or {}).items()}
+    bias[str(token)] = min(100.0, bias.get(str(token), 0.0) + REPETITION_PROBE_BIAS)
+    return {"max_tokens": 1, "temperature": 0.0, "ignore_eos": True, "return_token_ids": True,
+            "repetition_penalty": float(body["repetition_penalty"]), "logit_bias": bias}
+
+
+def probe_token(status: int, text: str) -> int:
+    """The one token a repetition probe's reply (``return_token_ids``) sampled. Raises WorkloadError on a
+    reply without it."""
+    if status != 200:
+        raise WorkloadError(f"a repetition probe answered HTTP {status}: {text[:300]}")
+    try:
+        (token,) = json.loads(text)["choices"][0]["token_ids"]
+        return int(token)
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise WorkloadError(f"a repetition probe's reply without its one token id ({exc!r}): {text[:200]}") from None

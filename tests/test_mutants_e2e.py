@@ -649,6 +649,28 @@ def test_an_engine_whose_parked_requests_come_back_without_their_penalties_fails
     assert "once its penalties (presence 0.5, frequency 0.5) were applied" in check.explanation, check.explanation
 
 
+# The persistent batch holds each row's repetition penalty too. Here a request added back after it was parked
+# comes without it: it repeats a token of its prompt or answer the penalty held back. The penalty scales a
+# logit by its sign, which no logprob gives, so the run asks the engine again at each position (a fresh request
+# under the penalty, biased a little towards the answer's token) and structured-answers holds the answer to
+# what it picks.
+REPETITION_PENALTY_LOST_ON_READD = _forget_on_readd("repetition penalty", """
+forgot = request.req_id in self.repetition_penalties_reqs
+self.repetition_penalties_cpu[index] = 1.0
+self.repetition_penalties_reqs.discard(request.req_id)
+""")
+
+
+def test_an_engine_whose_parked_requests_come_back_without_their_repetition_penalty_fails_structured_answers(
+        tmp_path, tiny_model):
+    """The repetition-penalty stream (1.2, greedy) of a throttled user, added back to the batch after it was
+    parked, loses its penalty and says again what it held back. Its tokens are charged and timed as before;
+    the engine, asked again token by token under the penalty, picks other tokens."""
+    check = _one_option_broken(tmp_path, "vllm.v1.worker.gpu_input_batch", REPETITION_PENALTY_LOST_ON_READD,
+                               "repetition-penalty", "a request added back without its repetition penalty")
+    assert "under the request's repetition penalty (1.2)" in check.explanation, check.explanation
+
+
 def test_an_engine_that_polls_while_users_wait_fails_wait_cpu(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.engine.core": POLLING_WAIT}, _WAITING)
     assert ("wait-cpu", None) in _failed(verdict), verdict.summary()

@@ -439,16 +439,20 @@ def test_every_request_option_is_served_whole_and_charged_to_its_user(small_run)
     phases = [p for p in json.loads((outcome.run_dir / "scenarios.json").read_text())
               if p["scenario"] == "request-options"]
     assert phases and all(p["params"]["option_probes"] == [f"{o} 200" for o in OPTIONS] for p in phases)
-    # the constrained answers (json-schema, json-object, regex, choice, penalties, logit-bias,
-    # allowed-token-ids, bad-words, min-tokens) obey their constraints, held to fresh grammar matchers, the
-    # model's raw scores under the penalties (scored after the phase), the banned ids, vLLM's bad-word
+    # the constrained answers (json-schema, json-object, regex, choice, penalties, repetition-penalty,
+    # logit-bias, allowed-token-ids, bad-words, min-tokens) obey their constraints, held to fresh grammar
+    # matchers, the model's raw scores under the penalties (scored after the phase), the engine's own greedy
+    # tokens under the repetition penalty (asked again at each position), the banned ids, vLLM's bad-word
     # sequences with the model's tokenizer, and the stop tokens min_tokens masks
     from ratebench.verify import analyse_run
 
     assert all(set(p["params"]["penalty_scores"]) == {str(OPTIONS_ORDER.index("penalties"))} for p in phases)
+    repetition = str(OPTIONS_ORDER.index("repetition-penalty"))
+    assert all(set(p["params"]["repetition_probes"]["tokens"]) == {repetition} for p in phases)
+    assert all(len(p["params"]["repetition_probes"]["tokens"][repetition]) == 10 for p in phases)
     checks = [c for c in analyse_run(outcome.run_dir).verdict.checks if c.name == "structured-answers"]
     assert len(checks) == len(phases), checks
-    assert all(c.passed and c.explanation.startswith("0 of 9 constrained answers") for c in checks), \
+    assert all(c.passed and c.explanation.startswith("0 of 10 constrained answers") for c in checks), \
         [c.explanation for c in checks]
 
 

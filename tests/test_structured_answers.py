@@ -51,7 +51,7 @@ def test_every_option_of_request_options_has_its_constraint_or_none():
     kinds = {o: (constraint_of(option_body(o, 30)[1]) or (None,))[0] for o in OPTIONS}
     assert kinds == {"json-schema": "json", "json-object": "json_object", "regex": "regex", "choice": "choice",
                      "allowed-token-ids": "allowed", "logprobs": None, "top-logprobs": None,
-                     "penalties": "penalties", "repetition-penalty": None, "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": "min_tokens", "chat": None}
+                     "penalties": "penalties", "repetition-penalty": "repetition", "stop": None, "logit-bias": None, "bad-words": "bad_words", "min-tokens": "min_tokens", "chat": None}
     # the profile's words replace the bad-words option's default, and only its
     assert option_body("bad-words", 30, ["re"])[1]["bad_words"] == ["re"]
     assert option_body("bad-words", 30)[1]["bad_words"] == ["the"]
@@ -95,6 +95,51 @@ def test_a_penalised_answer_the_run_could_not_score_fails():
     (check,) = structured_answers(run, None, None)
     assert check.passed is False and check.figure == 1, check.explanation
     assert "could not be scored (first: rb-x-0: HTTP 500)" in check.explanation
+
+
+def test_a_repetition_penalised_answer_is_held_to_the_engines_own_probes():
+    # probes[j]: the engine's greedy token after the prompt and the answer's first j tokens, under the
+    # penalty and a bias towards the answer's token j. All agree: it passes, token ids alone
+    run = _run(None, ["repetition-penalty", "chat"], {0: [10, 11, 12, 10], 1: [5, 5]})
+    run.phases[0].params["repetition_probes"] = {"bias": 0.125, "tokens": {"0": [10, 11, 12, 10]}}
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is True and check.figure == 0, check.explanation
+    # an answer that said 10 again where the engine, asked again under its penalty, says 11: it fails there
+    run = _run(None, ["repetition-penalty", "chat"], {0: [10, 10, 12, 10], 1: [5, 5]})
+    run.phases[0].params["repetition_probes"] = {"bias": 0.125, "tokens": {"0": [10, 11, 12, 10]}}
+    (check,) = structured_answers(run, None, None)
+    assert check.passed is False and check.figure == 1, check.explanation
+    assert "rb-x-0 (user-b, repetition-penalty) at token 1: 10" in check.explanation, check.explanation
+    assert "repetition penalty (1.2) with 0.125 more logit bias on it, does not pick (it picks 11; the answer had " \
+           "said 10 1 times and 11 0 times before)" in check.explanation, check.explanation
+    # probes missing (or fewer than the tokens): not scored, so not passed
+    for probes in (None, {"bias": 0.125, "tokens": {"0": [10, 11]}}):
+        run = _run(None, ["repetition-penalty", "chat"], {0: [10, 11, 12], 1: [5]})
+        if probes:
+            run.phases[0].params["repetition_probes"] = probes
+        (check,) = structured_answers(run, None, None)
+        assert check.passed is False and check.figure == 1, check.explanation
+        assert "no repetition probes recorded for its tokens" in check.explanation, check.explanation
+
+
+def test_only_a_greedy_repetition_penalty_alone_is_a_repetition_constraint():
+    assert constraint_of({"repetition_penalty": 1.2}) == ("repetition", 1.2)
+    assert constraint_of({"repetition_penalty": 1.2, "temperature": 0.7}) is None
+    assert constraint_of({"repetition_penalty": 1.0}) is None
+    assert constraint_of({"repetition_penalty": 1.2, "presence_penalty": 0.5}) is None
+
+
+def test_a_repetition_probe_biases_the_answers_token_on_top_of_the_requests_own_biases():
+    from ratebench.answerscore import probe_token, repetition_probe_body
+    body = repetition_probe_body({"repetition_penalty": 1.2, "logit_bias": {"7": 2.0, "9": 99.95}}, 7)
+    assert body["logit_bias"] == {"7": 2.125, "9": 99.95} and body["repetition_penalty"] == 1.2
+    assert body["max_tokens"] == 1 and body["temperature"] == 0.0 and body["return_token_ids"] is True
+    assert repetition_probe_body({"repetition_penalty": 1.2, "logit_bias": {"9": 99.95}}, 9)["logit_bias"] == {"9": 100.0}
+    assert probe_token(200, '{"choices": [{"token_ids": [42], "text": "x"}]}') == 42
+    from ratebench.workload import WorkloadError
+    for status, text in ((500, "boom"), (200, '{"choices": [{"text": "x"}]}'), (200, "not json")):
+        with pytest.raises(WorkloadError):
+            probe_token(status, text)
 
 
 def test_a_token_its_logit_bias_bans_fails_without_a_tokenizer():

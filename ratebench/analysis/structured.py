@@ -42,9 +42,14 @@ option and the request body fields it sent (by ``stream_index``). For each answe
   answer is greedy under them. The run sends it after its prompt to the same engine (``prompt_logprobs``:
   the raw logprobs of the likeliest tokens and of the answer's own, per position; phase params
   ``penalty_scores``); applied to those, no token beats the answer's by more than the tolerance.
+* a repetition penalty (greedy, no additive penalty): it scales a logit by its sign, which logprobs (the
+  logit less a constant) do not give, so the verifier cannot apply it. The run asks the same engine again
+  at every position instead: one greedy token after the prompt and the answer's first j tokens, under the
+  request's penalty and a small bias towards the answer's token j (phase params ``repetition_probes``); each
+  probe must pick the answer's token. A request brought back without its penalty answers with a token the
+  penalty held back, which the probes, fresh requests, do not pick.
 
-Other options (milder logit biases, the repetition penalty, which scales logits prompt logprobs do not
-give, stop strings, logprobs) shape or report the distribution without a rule an answer can be held to
+Other options (milder logit biases, stop strings, logprobs) shape or report the distribution without a rule an answer can be held to
 alone; answers-intact compares greedy answers of plain requests with the limiter-off engine's.
 
 The tokenizer is the served model's (the manifest's ``model_path``; transformers and xgrammar, both
@@ -64,7 +69,7 @@ from typing import Any
 from ratebench.analysis.load import RunData
 
 KIND_REQUEST_OPTIONS = "request-options"
-_NO_TOKENIZER = ("allowed", "banned", "penalties", "min_tokens")  # constraints judged on token ids alone
+_NO_TOKENIZER = ("allowed", "banned", "penalties", "repetition", "min_tokens")  # constraints judged on token ids alone
 BAN_BIAS = -100.0  # vLLM clamps logit_bias to [-100, 100]: at -100 greedy sampling never picks the token
 # nats a penalised answer's token may score below the best token of its row (ties: the engine's batch changes
 # the rounding of bfloat16 logits, as answers-intact allows; the check passes --answers-logprob-tol)
@@ -133,9 +138,12 @@ def constraint_of(body: dict[str, Any]) -> tuple[str, Any] | None:
         if banned:
             return "banned", banned
     presence, frequency = float(body.get("presence_penalty") or 0), float(body.get("frequency_penalty") or 0)
-    if (presence or frequency) and float(body.get("repetition_penalty") or 1) == 1 \
-            and float(body.get("temperature", 0) or 0) == 0:
+    repetition = float(body.get("repetition_penalty") or 1)
+    greedy = float(body.get("temperature", 0) or 0) == 0
+    if (presence or frequency) and repetition == 1 and greedy:
         return "penalties", (presence, frequency)
+    if repetition != 1 and not (presence or frequency) and greedy:
+        return "repetition", repetition
     if body.get("min_tokens"):
         return "min_tokens", (int(body["min_tokens"]), [int(t) for t in body.get("stop_token_ids") or []])
     return None
@@ -292,6 +300,17 @@ def structured_conformance(run: RunData, tol: float = PENALTY_TOL) -> list[Phase
                                                              f"{r.client_id}: no scores recorded for its tokens")
                     continue
                 at, held, why = first_beaten_under_penalties(spec, list(r.token_ids), rows, tol)
+            elif kind == "repetition":
+                probes = ph.params.get("repetition_probes") or {}
+                picked = (probes.get("tokens") or {}).get(str(r.stream_index))
+                if not isinstance(picked, list) or len(picked) != len(r.token_ids):
+                    pc.unscored += 1
+                    unscored = ph.params.get("penalty_scores_unscored") or {}
+                    pc.unscored_why = pc.unscored_why or str(unscored.get("first") or
+                                                             f"{r.client_id}: no repetition probes recorded for its tokens")
+                    continue
+                at, held, why = first_not_picked_again(spec, float(probes.get("bias") or 0), list(r.token_ids),
+                                                       [int(t) for t in picked])
             elif kind == "min_tokens":
                 at, held = first_early_stop(spec[0], set(stop_ids) | set(spec[1]), list(r.token_ids))
                 why = f"a stop token among its first {spec[0]} tokens, which min_tokens masks"
@@ -369,6 +388,27 @@ def first_beaten_under_penalties(spec: tuple[float, float], tokens: list[int], r
                               f"answer had said {token} {counts.get(token, 0)} times and {best_t} "
                               f"{counts.get(best_t, 0)} times before): the request was not sampled under them")
         counts[token] = counts.get(token, 0) + 1
+    return None, len(tokens), ""
+
+
+def first_not_picked_again(penalty: float, bias: float, tokens: list[int], picked: list[int]
+                           ) -> tuple[int | None, int, str]:
+    """(index of the first token the engine did not pick again, or None; tokens held; why). ``picked[j]``:
+    the engine's greedy token after the prompt and ``tokens[:j]``, under the request's repetition penalty and
+    ``bias`` more logit bias on ``tokens[j]`` (``ratebench.answerscore.repetition_probe_body``). vLLM scales
+    the logit of every token of the prompt or the answer so far (divided by the penalty where positive,
+    multiplied where not; a count does not matter, so the probe's prompt carries the same history), then
+    picks the best. A correct answer's token was the best under its penalty, up to the batch's rounding,
+    and with the bias it stays the best; a probe that picks another token saw it beat the answer's by more
+    than the bias scaled by the penalty (at least ``bias / penalty`` nats): the answer was not sampled
+    under its penalty, or not on its history."""
+    for j, (token, again) in enumerate(zip(tokens, picked)):
+        if again != token:
+            return j, j + 1, (f"which the engine, asked again after the same prompt and answer so far under the "
+                              f"request's repetition penalty ({penalty:g}) with {bias:g} more logit bias on it, "
+                              f"does not pick (it picks {again}; the answer had said {token} {tokens[:j].count(token)} "
+                              f"times and {again} {tokens[:j].count(again)} times before): the request was not "
+                              f"sampled under its penalty")
     return None, len(tokens), ""
 
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 from typing import Any
 
 from ratebench.analysis.structured import BAN_BIAS, constraint_of
-from ratebench.answerscore import PENALTY_TOP_K, penalty_rows
+from ratebench.answerscore import (
+    PENALTY_TOP_K, REPETITION_PROBE_BIAS, penalty_rows, probe_token, repetition_probe_body,
+)
 from ratebench.profiles import (
     REQUIRED, EngineFlags, Kind, Limits, ModelSpec, ProfileError, ScenarioSpec, Validator, register,
 )
@@ -45,7 +47,8 @@ OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "logprobs": ("completions", {"logprobs": 5}),
     "top-logprobs": ("chat", {"logprobs": True, "top_logprobs": 5}),
     # additive penalties, which the verifier can apply to the model's raw scores (penalty_scores); the
-    # repetition penalty scales logits, which prompt logprobs do not give, so it has a stream of its own
+    # repetition penalty scales logits, which prompt logprobs do not give: a stream of its own, whose answer
+    # the engine is asked again token by token (repetition_probes)
     "penalties": ("completions", {"presence_penalty": 0.5, "frequency_penalty": 0.5}),
     "repetition-penalty": ("completions", {"repetition_penalty": 1.2}),
     "stop": ("completions", {"stop": ["\u241e never \u241e"]}),
@@ -117,35 +120,58 @@ def request_options(spec: ScenarioSpec) -> list[PhasePlan]:
         bodies = [{"option": option, "api": api, "body": body} for option in p["options"]
                   for api, body in [option_body(option, p["max_tokens"], p["bad_words"], p["banned_token_ids"])]]
 
-        async def score_penalties() -> dict[str, Any]:
-            # greedy answers under additive penalties: each sent after its prompt to this engine again
-            # (a probe: prompt_logprobs, one token), so structured-answers can apply the penalties to the
-            # model's raw scores and find a token that beat the answer's own (a request that came back
-            # without its penalties, or without the history they count)
+        async def score_answers() -> dict[str, Any]:
+            # Greedy answers under penalties, held by structured-answers to what the engine itself computes
+            # when asked again (probes, after the phase). Additive penalties: each answer sent after its prompt
+            # (prompt_logprobs, one token), so the verifier can apply the penalties to the model's raw scores
+            # (penalty_scores). The repetition penalty scales a logit by its sign, which logprobs do not give:
+            # the engine is asked for one greedy token after the prompt and the answer's first j tokens, under
+            # the request's repetition penalty (it counts prompt and answer tokens alike, so the probe's prompt
+            # carries the same history) and a small bias towards the answer's token j (repetition_probes). A
+            # request that came back without its penalties, or without the history they count, answers with
+            # tokens the probes do not pick.
             scores: dict[str, Any] = {}
+            probes: dict[str, Any] = {}
             problems: list[str] = []
             for r in ctx.driver.records:
                 if (r.scenario, r.phase, r.engine) != (ctx.spec.name, "request-options", engine.name):
                     continue
-                constraint = constraint_of(bodies[r.stream_index]["body"])
-                if constraint is None or constraint[0] != "penalties" or not r.token_ids or r.error:
+                body = bodies[r.stream_index]["body"]
+                constraint = constraint_of(body)
+                if constraint is None or constraint[0] not in ("penalties", "repetition") or not r.token_ids \
+                        or r.error:
                     continue
                 prompt = reqs[r.stream_index].prompt
-                status, text = await post_probe(ctx, engine, "completions", list(prompt) + list(r.token_ids),
-                                                {"max_tokens": 1, "temperature": 0.0,
-                                                 "prompt_logprobs": PENALTY_TOP_K}, whole=True)
+                if not isinstance(prompt, list):
+                    problems.append(f"{r.client_id}: a penalised answer of a text prompt (the {bodies[r.stream_index]['api']}"
+                                    " API) cannot be sent again token for token")
+                    continue
+                answer = list(r.token_ids)
                 try:
-                    scores[str(r.stream_index)] = penalty_rows(status, text, len(prompt), list(r.token_ids))
+                    if constraint[0] == "penalties":
+                        status, text = await post_probe(ctx, engine, "completions", list(prompt) + answer,
+                                                        {"max_tokens": 1, "temperature": 0.0,
+                                                         "prompt_logprobs": PENALTY_TOP_K}, whole=True)
+                        scores[str(r.stream_index)] = penalty_rows(status, text, len(prompt), answer)
+                    else:
+                        picked = []
+                        for j, token in enumerate(answer):
+                            status, text = await post_probe(ctx, engine, "completions", list(prompt) + answer[:j],
+                                                            repetition_probe_body(body, token), whole=True)
+                            picked.append(probe_token(status, text))
+                        probes[str(r.stream_index)] = picked
                 except WorkloadError as exc:
                     problems.append(f"{r.client_id}: {exc}")
             out: dict[str, Any] = {"penalty_scores": scores}
+            if probes:
+                out["repetition_probes"] = {"bias": REPETITION_PROBE_BIAS, "tokens": probes}
             if problems:
                 out["penalty_scores_unscored"] = {"count": len(problems), "first": problems[0][:300]}
             return out
 
         await ctx.phase(engine, "request-options", reqs,
                         {p["user"]: {"streams": len(reqs), "backlogged": True}},
-                        params={"option_probes": warm, "option_bodies": bodies}, extra=score_penalties)
+                        params={"option_probes": warm, "option_bodies": bodies}, extra=score_answers)
 
     def estimate(limits):
         return at_limits(limits, [(p["user"], len(p["options"]), p["max_tokens"])])
