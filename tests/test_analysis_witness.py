@@ -323,3 +323,47 @@ def test_a_truthful_run_delivers_within_the_spread(tmp_path):
     verdict = lying_run(tmp_path, None)
     delivery = check(verdict, "witness-delivery")
     assert delivery.passed and delivery.figure == 0, delivery.explanation  # 1 ms after every emit
+
+
+# ---- the step tolerance the file sets itself (witness-steps) ------------------------------------------
+
+
+def stretching_recorder(shift_ns: int = NS // 2):
+    """Stamps the charges of user-a's first request from its 30th on ``shift_ns`` early (each still after
+    the request's first event). The verifier pairs a request's k-th emit with its k-th charge in time, so
+    its steps read half a second long: every window of bound-emit and bound-client widens by that, while
+    the client kept receiving the user's tokens all along."""
+    def edit(recs: np.ndarray, strings) -> np.ndarray:
+        recs = recs[np.argsort(recs["t_ns"], kind="stable")]
+        first_req = recs["req"][np.flatnonzero(recs["kind"] == KIND_DISPATCH)[0]]
+        d = np.flatnonzero((recs["kind"] == KIND_DISPATCH) & (recs["req"] == first_req))
+        first_event = int(recs["t_ns"][recs["req"] == first_req].min())
+        assert int(recs["t_ns"][d[30]]) - shift_ns > first_event
+        recs["t_ns"][d[30:]] -= shift_ns
+        return recs[np.argsort(recs["t_ns"], kind="stable")]
+    return edit
+
+
+def test_a_step_the_client_could_not_have_seen_fails_witness_steps(tmp_path):
+    # truthful: every step far shorter than twice what the client heard nothing for (a chunk every 50 ms)
+    verdict = lying_run(tmp_path / "true", None, limit_tps=20, streams=2, max_tokens=60)
+    steps = check(verdict, "witness-steps")
+    assert steps.passed is True and steps.figure < steps.threshold, steps.explanation
+    # charges stamped half a second early: the phase's longest step reads half a second, the bound's
+    # tolerance on emits and client chunks with it; the client heard the engine every 50 ms across it
+    verdict = lying_run(tmp_path / "stretched", stretching_recorder(), limit_tps=20, streams=2, max_tokens=60)
+    steps = check(verdict, "witness-steps")
+    assert steps.passed is False and steps.figure > 400 and steps.threshold < 130, steps.explanation
+    assert "the engine's file records a step of" in steps.explanation
+    assert "longest silence from the engine across it (no chunk of any of the phase's requests) was 52.2 ms" \
+        in steps.explanation, steps.explanation
+    assert ("witness-steps", "user-a") in failed(verdict)
+
+
+def test_witness_steps_is_not_made_when_the_step_tolerance_is_given(tmp_path):
+    from ratebench.analysis.verdict import Thresholds
+
+    run = one_phase_run(tmp_path / "run", limit_tps=20, streams=2, max_tokens=60)
+    rewrite_events(events_path(run), stretching_recorder())
+    verdict = analyse_run(run, Thresholds(emit_tolerance_ns=5_000_000)).verdict
+    assert not [c for c in verdict.checks if c.name == "witness-steps"]

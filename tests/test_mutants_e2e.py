@@ -886,6 +886,57 @@ def test_a_real_engine_with_a_burst_its_recorder_smooths_away_fails_the_client_w
     assert not {("bound-dispatch", "user-a"), ("bound-emit", "user-a")} & failed, verdict.summary()
 
 
+# the recorder stretches one step a second: of the charges of a request it has seen for 1.6 s, one a second
+# is stamped 1.5 s before it was made (after the request's first event, so no send contradicts it; every
+# other stamp true). The phase's longest dispatch-to-emit then reads far longer than any step the engine
+# ran (about 200 ms here, as the verifier pairs a request's emits with its charges): the step tolerance by
+# which bound-emit and bound-client widen every window of the phase, room for a burst of that many tokens
+STRETCHING_RECORDER = '''
+cls = module.OutputRateEventRecorder
+shipped_init = cls.__init__
+shipped_end_step = cls.end_step
+
+def init_stretching(self, path, meta):
+    shipped_init(self, path, meta)
+    self._mutant_seen = {}
+    self._mutant_stretched = 0
+    print("ratebench test mutant: a recorder that stretches a step a second", file=sys.stderr, flush=True)
+
+def end_step_stretching(self):
+    if self._pending:
+        out = []
+        for t, kind, reason, req, user, count in self._pending:
+            seen = self._mutant_seen.setdefault(req, t)
+            if kind == module.KIND_DISPATCH and t - self._mutant_stretched >= 1_000_000_000 \\
+                    and t - seen >= 1_600_000_000:
+                self._mutant_stretched = t
+                t -= 1_500_000_000
+            out.append((t, kind, reason, req, user, count))
+        self._pending = out
+    shipped_end_step(self)
+
+cls.__init__ = init_stretching
+cls.end_step = end_step_stretching
+'''
+
+
+def test_a_real_engine_whose_recorder_stretches_a_step_a_second_fails_witness_steps(tmp_path, tiny_model):
+    """The limiter as shipped; its recorder stamps one charge a second 1.5 s early, so the phase's longest
+    step (the bound's tolerance on emits and client chunks) reads about 200 ms. The client heard from the
+    engine every few tens of milliseconds all along: no step was that long (witness-steps). The moved
+    charges also crowd a window of the user's charges (bound-dispatch, by a token or two, and even
+    spacing on the window they left)."""
+    verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.output_rate_events": STRETCHING_RECORDER}, _SEED)
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
+    assert "a recorder that stretches a step a second" in logs, "the recorder was not replaced"
+    failed = _failed(verdict)
+    assert ("witness-steps", "user-a") in failed, verdict.summary()
+    steps = [c for c in verdict.failures if c.name == "witness-steps"]
+    assert all(c.figure > 2 * c.threshold for c in steps), verdict.summary()
+    assert {name for name, _ in failed} <= {"witness-steps", "bound-dispatch", "bound-dispatch-run",
+                                           "even-spacing-dispatch"}, verdict.summary()
+
+
 # the EngineCore's output thread gets what the engine sends in clumps: each output waits for the next
 # half-second mark (the scheduler, its charges and its event file untouched: emits stay even and true)
 CLUMPED_OUTPUTS = '''

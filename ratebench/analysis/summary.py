@@ -69,6 +69,8 @@ class RunSummary:
     waiting: list[WaitingSummary] = field(default_factory=list)
     # (phase index, user) -> the client's records held against the engine's events (analysis/witness.py)
     witness: dict[tuple[int, str], WitnessResult] = field(default_factory=dict)
+    # engine -> its steps' emit times and dispatch-to-emit latencies (steps.step_latencies), where measured
+    step_latencies: dict[str, tuple] = field(default_factory=dict)
 
     def user_of(self, record_index: int, sent_user: str | None) -> str:
         return self.engine_user_of_record.get(record_index, client_user(sent_user))
@@ -181,6 +183,8 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                                grouped_times=(d_t_r, e_t_r))
     step = engine_step(latencies)
     summary.engine_steps[name] = step
+    if not isinstance(latencies, str):
+        summary.step_latencies[name] = latencies
     phase_steps = rowgroups.phase_steps(run, name, latencies)
     summary.steps_per_phase.update({k: len(v[0]) for k, v in phase_steps.items()})
     if step.method != "dispatch-to-emit" and len(e_t) and eng.feature:
@@ -512,7 +516,8 @@ def _witness(run: RunData, summary: RunSummary, measure: Measure, phase_of: dict
             tolerance[key] = measure.emit_tolerance_ns
         elif step is not None:
             tolerance[key] = step.longest_ns
-    return witness_figures(run, row_of_record, chunks, tolerance)
+    return witness_figures(run, row_of_record, chunks, tolerance, from_file=measure.emit_tolerance_ns is None,
+                           steps=summary.step_latencies)
 
 
 def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict, ends: AnswerEnds,

@@ -137,6 +137,10 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("delivery_spread_max_ns", "--delivery-spread-max-ms", "two witnesses: how much (ms) the delay from "
               "a token's emit event to its arrival at the client may vary for one user in a phase (the client "
               "bound's windows widen by it; 250: two and a half bursts)", "witness", "ms"),
+    Threshold("step_witness_slack_ns", "--step-witness-slack-ms", "two witnesses: how much (ms) the longest "
+              "step the engine's file records in a phase (the bound's step tolerance on emits and client chunks) "
+              "may exceed 2 x (the client's longest silence from that engine in the phase + the delivery spread)",
+              "witness", "ms"),
 )
 
 # Thresholds fields that are no command-line option: the bound's burst is the promise's 100 ms (DESIGN

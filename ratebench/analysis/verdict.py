@@ -94,6 +94,10 @@ class Thresholds:
     # phase: bound-client widens its windows by that spread, so a wide one hides clumps. 2.5 bursts: the
     # API server of a busy two-core machine held a chunk up to 44 ms in ten clean cpu-tiny runs
     delivery_spread_max_ns: int = 250_000_000
+    # two witnesses: the longest step the engine's file records in a phase (bound-emit's and bound-client's
+    # tolerance) may exceed twice the client's longest silence plus the delivery spread by this much
+    # (analysis/witness.py, witness-steps): waking threads on a busy machine
+    step_witness_slack_ns: int = 20_000_000
     burst_ns: int = BURST_NS
 
 

@@ -57,6 +57,26 @@ latencies, so a recorder that smooths a burst the client received gets no wider 
 The maximum, not a quantile, because the derivation needs the whole spread: one token held 200 ms
 by a busy API server widens every window of that user and phase by 200 ms, which is what it takes
 for a delay the limiter did not cause to never fail the client's bound.
+
+Steps the client could see (``witness-steps``)
+----------------------------------------------
+T, the step tolerance of bound-emit and bound-client, is itself read from the file: the phase's longest
+dispatch-to-emit latency. A recorder that stamps one charge a phase a second early makes every window of
+the phase a second wider, and a burst of that size passes both bounds. The client bounds every step: on
+a synchronous engine a step runs from its dispatch to its emit and no other step emits meanwhile (the
+next one is scheduled after this one's outputs are handled), so no chunk of the engine's requests reaches
+the client for the step's length, less what delivery latency varies (the phase's spread ``S``, over all
+its users). With ``--async-scheduling`` a step's dispatch comes while the step before it runs: its
+dispatch to emit spans two steps, and the client hears from the engine once in between. So for every
+step the file records, with ``Q`` the longest stretch between two chunk arrivals of the phase's requests
+on that engine (the phase's start and end count as arrivals) that overlaps the step's dispatch-to-emit::
+
+    latency  <=  2 (Q + S) + slack
+
+(``Thresholds.step_witness_slack_ns``, 20 ms: waking the engine's and the API server's threads on a
+busy machine). Silences the engine's other work causes (probes, requests not the client's) only make
+``Q`` longer, so the rule never fails a truthful file for them; a step stamped a second long while the
+engine's other requests kept reaching the client fails it.
 """
 
 from __future__ import annotations
@@ -104,6 +124,16 @@ class WitnessResult:
     latency_max_ns: int | None = None
     latency_p50_ns: int | None = None  # per chunk, its last token (information)
     emit_tolerance_ns: int = 0  # T: the windows' widening of bound-emit
+    # T measured on the engine's file (its longest dispatch-to-emit step), not given on the command line
+    tolerance_from_file: bool = False
+    # witness-steps: the phase's recorded step longest against what the client heard (step_silences: its
+    # dispatch-to-emit latency, the longest stretch overlapping it without a chunk of any of the phase's
+    # requests on that engine, its dispatch into the phase), and the phase's delivery spread over all its
+    # users (None: not measured)
+    step_ns: int | None = None
+    step_silence_ns: int | None = None
+    step_at_ns: int | None = None
+    phase_spread_ns: int | None = None
     # T + Lmax - max(Lmin, 0): bound-client's widening (None: no latency measured, not judged)
     client_tolerance_ns: int | None = None
 
@@ -131,7 +161,9 @@ def _worse(a: Early | None, b: Early | None) -> Early | None:
 
 
 def witness_figures(run: RunData, row_of_record: dict[int, tuple[int, str]], chunks,
-                    emit_tolerance_ns: dict[tuple[int, str], int]) -> dict[tuple[int, str], WitnessResult]:
+                    emit_tolerance_ns: dict[tuple[int, str], int], from_file: bool = True,
+                    steps: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
+                    ) -> dict[tuple[int, str], WitnessResult]:
     """Per (phase index, user) row: the witness figures of its client records on engines with an event file.
 
     ``row_of_record``: client record index -> its row (the user the engine charged); ``chunks``: every
@@ -146,10 +178,76 @@ def witness_figures(run: RunData, row_of_record: dict[int, tuple[int, str]], chu
             by_engine.setdefault(r.engine, []).append(i)
     for name, indices in by_engine.items():
         _engine_witness(run, name, indices, row_of_record, chunks, out)
+    silence = step_silences(run, row_of_record, chunks, steps or {})
+    spread: dict[int, tuple[int, int]] = {}  # phase index -> (Lmin, Lmax) over its rows
+    for (p, _), w in out.items():
+        if w.latency_max_ns is not None:
+            lo, hi = spread.get(p, (w.latency_min_ns, w.latency_max_ns))
+            spread[p] = (min(lo, w.latency_min_ns), max(hi, w.latency_max_ns))
     for key, w in out.items():
         w.emit_tolerance_ns = int(emit_tolerance_ns.get(key, 0))
+        w.tolerance_from_file = from_file
+        if key[0] in silence:
+            w.step_ns, w.step_silence_ns, w.step_at_ns = silence[key[0]]
+        if key[0] in spread:
+            lo, hi = spread[key[0]]
+            w.phase_spread_ns = max(0, hi - max(lo, 0))
         if w.latency_max_ns is not None:
             w.client_tolerance_ns = w.emit_tolerance_ns + w.spread_ns
+    return out
+
+
+def step_silences(run: RunData, row_of_record: dict[int, tuple[int, str]], chunks,
+                  steps: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[int, tuple[int, int, int]]:
+    """Per phase index: the engine's recorded step (``steps``: per engine, its steps' emit times and
+    dispatch-to-emit latencies, ``steps.step_latencies``) that started in the phase and is longest against
+    what the client heard, as (its latency, the longest stretch without a chunk of the phase's requests on
+    that engine overlapping it, its dispatch relative to the phase's start); the one with the largest
+    latency - 2 x stretch. The stretches run between consecutive chunk arrivals, from the phase's start to
+    its end (``witness-steps``)."""
+    by_phase: dict[int, list[int]] = {}
+    for i, (p, _) in row_of_record.items():
+        by_phase.setdefault(p, []).append(i)
+    out = {}
+    for p, indices in by_phase.items():
+        phase = run.phases[p]
+        lat_of = steps.get(phase.engine)
+        if lat_of is None:
+            continue
+        emit_t, lat = lat_of
+        d = emit_t - lat
+        at = (d >= phase.start_ns) & (d < phase.end_ns)
+        if not at.any():
+            continue
+        e, lt, dd = emit_t[at], lat[at], d[at]
+        t, _, _ = chunks.of(np.array(sorted(indices), dtype=np.int64))
+        t = np.sort(t[(t > phase.start_ns) & (t < phase.end_ns)])
+        edges = np.concatenate(([phase.start_ns], t, [max(phase.end_ns, phase.start_ns + 1)]))
+        gaps = np.diff(edges)
+        # the gaps overlapping [dispatch, emit]: the one holding the dispatch to the one holding the emit
+        lo = np.clip(np.searchsorted(edges, dd, side="right") - 1, 0, len(gaps) - 1)
+        hi = np.clip(np.searchsorted(edges, e, side="left") - 1, lo, len(gaps) - 1)
+        q = _range_max(gaps, lo, hi)
+        k = int(np.argmax(lt - 2 * q))
+        out[p] = (int(lt[k]), int(q[k]), int(dd[k] - phase.start_ns))
+    return out
+
+
+def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """max(values[lo[i]:hi[i] + 1]) for every i (a sparse table: O(n log n) once, O(1) a query)."""
+    table = [values]
+    width = 1
+    while 2 * width <= len(values):
+        prev = table[-1]
+        table.append(np.maximum(prev[:-width], prev[width:]))
+        width *= 2
+    span = hi - lo + 1
+    level = np.floor(np.log2(span)).astype(np.int64)
+    out = np.empty(len(lo), dtype=values.dtype)
+    for j in np.unique(level).tolist():
+        m = level == j
+        row = table[j]
+        out[m] = np.maximum(row[lo[m]], row[hi[m] - (1 << j) + 1])
     return out
 
 

@@ -28,6 +28,12 @@ MEANINGS = meanings({
                                      "varied by more than allowed: the client got tokens in clumps the event "
                                      "file does not show (an output path that holds tokens back)",
                                      "requests.jsonl chunk times against {events}' emit events of the user; {plot}"),
+    "witness-steps": CheckMeaning("witness", "the engine's event file records a step (dispatch to emit) longer than "
+                                  "any the client could have seen: the engine's other requests kept reaching the "
+                                  "client meanwhile. The longest step widens the bound's windows on emits and on "
+                                  "client chunks, so a file that stretches one step hides a burst of that size",
+                                  "{events}: the phase's dispatch and emit events (the longest dispatch-to-emit "
+                                  "latency), against the chunk_ns of the phase's requests in requests.jsonl"),
     "refusal-witness": CheckMeaning("witness", "the engine's event file says a user was refused a charge while its "
                                     "own charges leave it well inside its budget: a refusal the limiter did not "
                                     "make (it would take the user out of the isolation checks)",
@@ -89,6 +95,21 @@ def _witness(w: WitnessResult, th: Thresholds, ids) -> list[Check]:
                          f"after their emit events (p50 {w.latency_p50_ns / 1e6:.2f} ms, {w.tokens} tokens): a spread "
                          f"of {spread_ms:.2f} ms, allowed {allowed_ms:g} ms (bound-client's windows widen by this "
                          "spread: a wider one would hide tokens held back and sent in clumps)"))
+    if w.tolerance_from_file and w.step_ns is not None:
+        # the step tolerance T is the file's own: the client bounds every step (analysis/witness.py)
+        spread = w.phase_spread_ns or 0
+        allowed = 2 * (w.step_silence_ns + spread) + th.step_witness_slack_ns
+        out.append(Check("witness-steps", *ids, round(w.step_ns / 1e6, 3), round(allowed / 1e6, 3), "<=", "ms",
+                         w.step_ns <= allowed,
+                         f"the engine's file records a step of {w.step_ns / 1e6:.1f} ms (dispatch to emit, "
+                         f"{w.step_at_ns / 1e9:.3f} s into the phase; the phase's longest sets the bound's step "
+                         f"tolerance on emits and client chunks, {w.emit_tolerance_ns / 1e6:.1f} ms); the client's "
+                         f"longest silence from the engine across it (no chunk of any of the phase's requests) was "
+                         f"{w.step_silence_ns / 1e6:.1f} ms and the phase's delivery spread {spread / 1e6:.1f} ms: "
+                         f"allowed 2 x ({w.step_silence_ns / 1e6:.1f} + {spread / 1e6:.1f}) + "
+                         f"{th.step_witness_slack_ns / 1e6:g} ms = {allowed / 1e6:.1f} ms (a step's tokens leave at "
+                         "its end; two steps in flight with --async-scheduling). The step shown is the one longest "
+                         "against its silence"))
     if w.requests or w.unemitted_tokens:
         bad = w.unemitted_tokens
         text = (f"{bad} tokens in {w.unemitted_requests} request(s) reached the client with no emit event in the "
