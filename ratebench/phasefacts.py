@@ -18,6 +18,8 @@ from typing import Any
 KEY_SCHEDULING = "scheduling"  # the scheduling mode of an overhead round or a seed phase
 KEY_ROUND = "round"  # an overhead round, from 1
 KEY_BEAM_SEARCH = "beam_search"  # the beam search probes sent before the phase
+# the requests answered in one body (not streamed) sent before the phase, and the user each must be charged to
+KEY_UNSTREAMED = "unstreamed_probes"
 KEY_KV_USAGE_MAX = "kv_usage_max"  # the engine's highest KV cache use over the phase (/metrics), 0 to 1
 KEY_PREEMPTIONS = "preemptions"  # the engine's preemptions over the phase (/metrics)
 KEY_FLEET = "fleet"  # a fleet phase: its fleet, the same in each member's record

@@ -385,6 +385,35 @@ def test_an_api_server_that_trusts_the_openai_user_field_fails_identity(tmp_path
     assert named.figure == 1, named.explanation  # its two streams: priority 1, and the chat one
 
 
+# the API server reads output_rate_user on its streaming path only: a request answered in one body (no
+# "stream") loses it, and the engine charges it to __anonymous__ (every streamed request as shipped)
+UNSTREAMED_LOSE_THEIR_USER = '''
+cls = module.CompletionRequest if hasattr(module, "CompletionRequest") else module.ChatCompletionRequest
+shipped = cls.to_sampling_params
+
+def to_sampling_params(self, *args, **kwargs):
+    params = shipped(self, *args, **kwargs)
+    if not self.stream and params.extra_args and "output_rate_user" in params.extra_args:
+        params.extra_args = {k: v for k, v in params.extra_args.items() if k != "output_rate_user"}
+    return params
+
+cls.to_sampling_params = to_sampling_params
+'''
+
+
+def test_an_api_server_that_loses_the_user_of_unstreamed_requests_fails_identity_unstreamed(tmp_path, tiny_model):
+    """Every streamed request is charged as shipped; the requests answered in one body that name user-b
+    (one per API) are charged to __anonymous__: a user could leave its budget by not streaming."""
+    verdict = _run_broken(tmp_path, {"vllm.entrypoints.openai.completion.protocol": UNSTREAMED_LOSE_THEIR_USER,
+                                     "vllm.entrypoints.openai.chat_completion.protocol": UNSTREAMED_LOSE_THEIR_USER},
+                          _SPOOFING)
+    failed = _failed(verdict)
+    assert failed == {("identity-unstreamed", "user-b")}, verdict.summary()
+    bad = [c for c in verdict.failures if c.name == "identity-unstreamed"]
+    assert len(bad) == 2 and all("charged to __anonymous__ (4 tokens) instead (0 tokens to user-b)" in c.explanation
+                                 for c in bad), [c.explanation for c in bad]
+
+
 def test_an_engine_that_keeps_a_budget_per_priority_fails_identity(tmp_path, tiny_model):
     verdict = _run_broken(tmp_path, {"vllm.v1.request": BUDGET_PER_PRIORITY}, _SPOOFING)
     failed = _failed(verdict)

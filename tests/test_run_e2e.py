@@ -565,12 +565,17 @@ def test_the_shipped_limiter_keeps_identity_spacing_and_waits_without_cost(small
         by_name[c.name].append(c)
     for name in ("identity", "even-spacing-dispatch", "even-spacing-emit", "wait-cpu", "wake-first-token",
                  "wake-abort", "kv-pressure-applied", "stream-wait", "place-share", "place-share-jain",
-                 "feature-off-upstream", "flags-refused", "beam-search-refused"):
+                 "feature-off-upstream", "flags-refused", "beam-search-refused", "identity-unstreamed"):
         # every one judged passes (a row where the engine, not the budget, limited the user is not judged)
         assert any(c.passed for c in by_name[name]), f"no {name} check judged"
         assert all(c.passed is not False for c in by_name[name]), [c.explanation for c in by_name[name]
                                                                     if c.passed is False]
     # a beam search request on each API, refused with HTTP 400 naming beam search
     assert sorted(c.figure for c in by_name["beam-search-refused"]) == [400, 400]
+    # a request answered in one body on each API, sending every spoof channel (no named user here): charged
+    # to __anonymous__, its four tokens emitted
+    unstreamed = by_name["identity-unstreamed"]
+    assert len(unstreamed) == 2 and all(c.user == ANONYMOUS_USER and "its 4 charges all to __anonymous__" in c.explanation
+                                        for c in unstreamed), [c.explanation for c in unstreamed]
     anon = [c for c in by_name["identity"] if c.scenario == "anonymous-and-spoofing"]
     assert anon and anon[0].user == ANONYMOUS_USER and "6 requests" in anon[0].explanation  # 1 stream and 5 spoofs

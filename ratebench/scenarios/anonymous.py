@@ -1,16 +1,22 @@
 """The ``anonymous-and-spoofing`` scenario kind. Requests without output_rate_user share __anonymous__; nothing
 else a client sends (the OpenAI `user` field, X-User-style headers, other vllm_xargs keys, a priority, on
 both APIs) names spoof_as. named_user's streams send output_rate_user and the same spoofs. On a limiter-on
-engine, a beam search request on each API first: it must be refused (HTTP 400)."""
+engine, a beam search request on each API first: it must be refused (HTTP 400); after its streams, on each
+API, a request that is not streamed (``"stream": false``, the answer in one body) naming named_user, and one sending every
+spoof channel: the engine must charge the first to named_user and the second to __anonymous__ (check
+identity-unstreamed). The phase's streams are all streamed: an API server that read the user only on its
+streaming path would pass every other check."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from ratebench.phasefacts import KEY_BEAM_SEARCH
+from ratebench.phasefacts import KEY_BEAM_SEARCH, KEY_UNSTREAMED
 from ratebench.profiles import ANONYMOUS_USER, REQUIRED, Kind, Limits, ScenarioSpec, register
 from ratebench.scenarios.base import (
     EngineRef, PhaseEstimate, PhasePlan, ScenarioContext, at_limits, beam_search_probes, on_every_mode, phase_salt,
+    post_probe,
     streams_of_user,
 )
 from ratebench.workload import StreamRequest
@@ -44,6 +50,40 @@ def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
          {**user_field, **headers, **xargs, "extra_body": {"priority": -1}}),
         ("priority 1", "completions", {"extra_body": {"priority": 1}}),
     ]
+
+
+UNSTREAMED_MAX_TOKENS = 4
+
+
+async def unstreamed_probes(ctx: ScenarioContext, engine: EngineRef, named: str | None,
+                            channels: list[tuple[str, str, dict[str, Any]]], salt: str) -> list[dict[str, Any]]:
+    """On each API, requests answered in one body (no ``stream``): one naming ``named`` in
+    vllm_xargs.output_rate_user (when there is one), one sending every spoof channel of ``channels`` (the
+    chat one's: the OpenAI user field, the headers, other vllm_xargs keys, a priority) and no
+    output_rate_user. Each: its API, X-Request-Id, the user it must be charged to, its HTTP status and
+    usage.completion_tokens (None when the reply had none)."""
+    _, _, spoofs = next(c for c in channels if c[1] == "chat")
+    out = []
+    for api in ("completions", "chat"):
+        sends: list[tuple[str, dict[str, Any], dict[str, str]]] = [
+            (ANONYMOUS_USER, {"user": spoofs["openai_user"], "vllm_xargs": dict(spoofs["extra_xargs"]),
+                              **spoofs["extra_body"]}, dict(spoofs["headers"]))]
+        if named:
+            sends.insert(0, (named, {"vllm_xargs": {"output_rate_user": named}}, {}))
+        for expected, fields, headers in sends:
+            ids: list[str] = []
+            status, text = await post_probe(
+                ctx, engine, api, f"[{salt} unstreamed {api} {expected}] Name three colours.",
+                {"max_tokens": UNSTREAMED_MAX_TOKENS, "ignore_eos": True, "temperature": 0.0, **fields},
+                whole=True, headers=headers, ids=ids)
+            tokens = None
+            try:
+                tokens = int(json.loads(text)["usage"]["completion_tokens"])
+            except (ValueError, KeyError, TypeError):
+                pass
+            out.append({"api": api, "request_id": ids[0], "user": expected, "status": status,
+                        "completion_tokens": tokens})
+    return out
 
 
 def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
@@ -83,9 +123,14 @@ def anonymous_and_spoofing(spec: ScenarioSpec) -> list[PhasePlan]:
             reqs += await spoofing(named, p["named_streams"], total, "named", last_first=True)
             users[named] = {"streams": p["named_streams"], "backlogged": True}
         params: dict[str, Any] = {"spoof_as": p["spoof_as"], "spoof_channels": [c[0] for c in channels]}
+        extra = None
         if engine.feature:
             params[KEY_BEAM_SEARCH] = await beam_search_probes(ctx, engine, named, salt)
-        await ctx.phase(engine, "anonymous", reqs, users, params=params)
+
+            async def extra() -> dict[str, Any]:
+                # after the phase's streams (their charges would take the users' bursts before it)
+                return {KEY_UNSTREAMED: await unstreamed_probes(ctx, engine, named, channels, salt)}
+        await ctx.phase(engine, "anonymous", reqs, users, params=params, extra=extra)
 
     def estimate(limits: Limits | None) -> PhaseEstimate:
         budgets = [(None, total, p["max_tokens"])]

@@ -236,12 +236,13 @@ async def streams_of_user(ctx: ScenarioContext, engine: EngineRef, user: str | N
 
 
 async def post_probe(ctx: ScenarioContext, engine: EngineRef, api: str, text: str | list[int],
-                     fields: dict[str, Any], *, whole: bool = False) -> tuple[int, str]:
+                     fields: dict[str, Any], *, whole: bool = False, headers: dict[str, str] | None = None,
+                     ids: list[str] | None = None) -> tuple[int, str]:
     """One plain (not streamed) request of ``text`` on ``api`` ("completions" or "chat") with ``fields``,
     before a phase: its HTTP status and the start of its body (``whole``: all of it; ``text`` may be token
-    ids on the completions API). Its id says it is a probe
-    (ratebench.analysis.load.is_warmup_request): no phase's, and no client record names it (each engine
-    request it makes, a beam or an answer, carries that id)."""
+    ids on the completions API; ``headers``: more HTTP headers; ``ids``: its X-Request-Id is appended).
+    Its id says it is a probe (ratebench.analysis.load.is_warmup_request): no phase's, and no client
+    record names it (each engine request it makes, a beam or an answer, carries that id)."""
     body: dict[str, Any] = {"model": engine.model, **fields}
     if api == "chat":
         body["messages"] = [{"role": "user", "content": text}]
@@ -250,8 +251,11 @@ async def post_probe(ctx: ScenarioContext, engine: EngineRef, api: str, text: st
         body["prompt"] = text
         path = "/v1/completions"
     ctx.driver.probes_sent += 1
-    headers = {"X-Request-Id": f"probe-{engine.name}-{ctx.driver.probes_sent}"}
-    return await ctx.driver.post_json(engine.endpoint + path, body, headers, whole=whole)
+    request_id = f"probe-{engine.name}-{ctx.driver.probes_sent}"
+    if ids is not None:
+        ids.append(request_id)
+    return await ctx.driver.post_json(engine.endpoint + path, body, {**(headers or {}), "X-Request-Id": request_id},
+                                      whole=whole)
 
 
 async def beam_search_probes(ctx: ScenarioContext, engine: EngineRef, user: str | None, salt: str
