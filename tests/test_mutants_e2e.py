@@ -403,15 +403,18 @@ cls.to_sampling_params = to_sampling_params
 
 def test_an_api_server_that_loses_the_user_of_unstreamed_requests_fails_identity_unstreamed(tmp_path, tiny_model):
     """Every streamed request is charged as shipped; the requests answered in one body that name user-b
-    (one per API) are charged to __anonymous__: a user could leave its budget by not streaming."""
+    (one per API, and a batch of two prompts) are charged to __anonymous__: a user could leave its budget
+    by not streaming."""
     verdict = _run_broken(tmp_path, {"vllm.entrypoints.openai.completion.protocol": UNSTREAMED_LOSE_THEIR_USER,
                                      "vllm.entrypoints.openai.chat_completion.protocol": UNSTREAMED_LOSE_THEIR_USER},
                           _SPOOFING)
     failed = _failed(verdict)
     assert failed == {("identity-unstreamed", "user-b")}, verdict.summary()
     bad = [c for c in verdict.failures if c.name == "identity-unstreamed"]
-    assert len(bad) == 2 and all("charged to __anonymous__ (4 tokens) instead (0 tokens to user-b)" in c.explanation
-                                 for c in bad), [c.explanation for c in bad]
+    assert len(bad) == 3, [c.explanation for c in bad]
+    assert sorted(c.figure for c in bad) == [4, 4, 8], [c.explanation for c in bad]
+    assert all("charged to __anonymous__" in c.explanation and "instead (0 tokens to user-b)" in c.explanation
+               for c in bad), [c.explanation for c in bad]
 
 
 def test_an_engine_that_keeps_a_budget_per_priority_fails_identity(tmp_path, tiny_model):

@@ -60,20 +60,25 @@ async def unstreamed_probes(ctx: ScenarioContext, engine: EngineRef, named: str 
     """On each API, requests answered in one body (no ``stream``): one naming ``named`` in
     vllm_xargs.output_rate_user (when there is one), one sending every spoof channel of ``channels`` (the
     chat one's: the OpenAI user field, the headers, other vllm_xargs keys, a priority) and no
-    output_rate_user. Each: its API, X-Request-Id, the user it must be charged to, its HTTP status and
+    output_rate_user; and on the completions API a batch of two prompts naming ``named`` (two engine
+    requests of one HTTP request). Each: its API, X-Request-Id, the user it must be charged to, its HTTP status and
     usage.completion_tokens (None when the reply had none)."""
     _, _, spoofs = next(c for c in channels if c[1] == "chat")
     out = []
-    for api in ("completions", "chat"):
-        sends: list[tuple[str, dict[str, Any], dict[str, str]]] = [
-            (ANONYMOUS_USER, {"user": spoofs["openai_user"], "vllm_xargs": dict(spoofs["extra_xargs"]),
-                              **spoofs["extra_body"]}, dict(spoofs["headers"]))]
+    for api in ("completions", "chat", "completions (a batch of 2 prompts)"):
+        sends: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         if named:
-            sends.insert(0, (named, {"vllm_xargs": {"output_rate_user": named}}, {}))
+            sends.append((named, {"vllm_xargs": {"output_rate_user": named}}, {}))
+        if api != "completions (a batch of 2 prompts)":
+            sends.append((ANONYMOUS_USER, {"user": spoofs["openai_user"], "vllm_xargs": dict(spoofs["extra_xargs"]),
+                                           **spoofs["extra_body"]}, dict(spoofs["headers"])))
         for expected, fields, headers in sends:
             ids: list[str] = []
+            text_of = f"[{salt} unstreamed {api} {expected}] Name three colours."
+            # a batch of prompts on the completions API: one engine request each, all the user's
+            prompt: Any = [text_of, text_of + " And two more."] if api.endswith("2 prompts)") else text_of
             status, text = await post_probe(
-                ctx, engine, api, f"[{salt} unstreamed {api} {expected}] Name three colours.",
+                ctx, engine, "chat" if api == "chat" else "completions", prompt,
                 {"max_tokens": UNSTREAMED_MAX_TOKENS, "ignore_eos": True, "temperature": 0.0, **fields},
                 whole=True, headers=headers, ids=ids)
             tokens = None

@@ -91,7 +91,7 @@ def _identity_unstreamed(run: RunData) -> list[Check]:
                         emitted += int(count)
             others = {u: n for u, n in charged.items() if u != user}
             tokens = probe.get("completion_tokens")
-            bad = sum(others.values()) + (0 if charged.get(user) else 1) + (
+            bad = sum(others.values()) + (0 if charged else 1) + (
                 abs(emitted - tokens) if isinstance(tokens, int) else 0)
             if not charged:
                 text = f"{what}: no charge in the engine's file names it (charged to nobody)"
