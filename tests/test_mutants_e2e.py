@@ -403,18 +403,45 @@ cls.to_sampling_params = to_sampling_params
 
 def test_an_api_server_that_loses_the_user_of_unstreamed_requests_fails_identity_unstreamed(tmp_path, tiny_model):
     """Every streamed request is charged as shipped; the requests answered in one body that name user-b
-    (one per API, and a batch of two prompts) are charged to __anonymous__: a user could leave its budget
-    by not streaming."""
+    (one per API, and a batch of two prompts), and those naming near twins of its name, are charged to
+    __anonymous__: a user could leave its budget by not streaming."""
     verdict = _run_broken(tmp_path, {"vllm.entrypoints.openai.completion.protocol": UNSTREAMED_LOSE_THEIR_USER,
                                      "vllm.entrypoints.openai.chat_completion.protocol": UNSTREAMED_LOSE_THEIR_USER},
                           _SPOOFING)
-    failed = _failed(verdict)
-    assert failed == {("identity-unstreamed", "user-b")}, verdict.summary()
+    # (delivery of __anonymous__ may fail beside it: on this small engine its 5 streams and user-b's 2 are at
+    # the machine's capacity, 0.957 to 0.98 of its limit shipped, with or without these probes)
+    failed = _failed(verdict) - {("delivery", "__anonymous__")}
+    # user-b's three (a batch of two prompts among them), and the two near twins of its name (USER-B, "user-b ")
+    assert failed == {("identity-unstreamed", u) for u in ("user-b", "USER-B", "user-b ")}, verdict.summary()
     bad = [c for c in verdict.failures if c.name == "identity-unstreamed"]
-    assert len(bad) == 3, [c.explanation for c in bad]
-    assert sorted(c.figure for c in bad) == [4, 4, 8], [c.explanation for c in bad]
-    assert all("charged to __anonymous__" in c.explanation and "instead (0 tokens to user-b)" in c.explanation
+    assert sorted(c.figure for c in bad) == [4, 4, 4, 4, 8], [c.explanation for c in bad]
+    assert all("charged to __anonymous__" in c.explanation and f"instead (0 tokens to {c.user})" in c.explanation
                for c in bad), [c.explanation for c in bad]
+
+
+# the EngineCore folds a user's name (case, spaces around it) before it looks up the budget: "USER-B" and
+# "user-b " spend user-b's. Every name the phase's streams send is folded already
+NAMES_FOLDED = '''
+shipped = module.Request.__init__
+
+def __init__(self, *args, **kwargs):
+    shipped(self, *args, **kwargs)
+    self.output_rate_user = self.output_rate_user.strip().lower()
+
+module.Request.__init__ = __init__
+'''
+
+
+def test_an_engine_that_folds_user_names_fails_identity_unstreamed(tmp_path, tiny_model):
+    """Near twins of user-b's name, sent after the phase's streams, are charged to user-b: a client could
+    spend (or leave) another user's budget by changing the case of its name. (Delivery of __anonymous__ may
+    fail beside it, as in the test above.)"""
+    verdict = _run_broken(tmp_path, {"vllm.v1.request": NAMES_FOLDED}, _SPOOFING)
+    failed = _failed(verdict) - {("delivery", "__anonymous__")}
+    assert failed == {("identity-unstreamed", "USER-B"), ("identity-unstreamed", "user-b ")}, verdict.summary()
+    for c in verdict.failures:
+        if c.name == "identity-unstreamed":
+            assert "charged to user-b (4 tokens) instead" in c.explanation, c.explanation
 
 
 def test_an_engine_that_keeps_a_budget_per_priority_fails_identity(tmp_path, tiny_model):

@@ -55,13 +55,20 @@ def _spoof_channels(as_user: str) -> list[tuple[str, str, dict[str, Any]]]:
 UNSTREAMED_MAX_TOKENS = 4
 
 
+def twin_names(user: str) -> list[str]:
+    """Names a client may send that are not ``user`` but fold into it: its case changed, a space after it."""
+    upper = user.upper() if user.upper() != user else user.lower()
+    return [n for n in (upper, user + " ") if n != user]
+
+
 async def unstreamed_probes(ctx: ScenarioContext, engine: EngineRef, named: str | None,
                             channels: list[tuple[str, str, dict[str, Any]]], salt: str) -> list[dict[str, Any]]:
     """On each API, requests answered in one body (no ``stream``): one naming ``named`` in
     vllm_xargs.output_rate_user (when there is one), one sending every spoof channel of ``channels`` (the
     chat one's: the OpenAI user field, the headers, other vllm_xargs keys, a priority) and no
     output_rate_user; and on the completions API a batch of two prompts naming ``named`` (two engine
-    requests of one HTTP request). Each: its API, X-Request-Id, the user it must be charged to, its HTTP status and
+    requests of one HTTP request) and requests naming near twins of ``named`` (``twin_names``), each
+    charged to the name it sent. Each: its API, X-Request-Id, the user it must be charged to, its HTTP status and
     usage.completion_tokens (None when the reply had none)."""
     _, _, spoofs = next(c for c in channels if c[1] == "chat")
     out = []
@@ -69,6 +76,11 @@ async def unstreamed_probes(ctx: ScenarioContext, engine: EngineRef, named: str 
         sends: list[tuple[str, dict[str, Any], dict[str, str]]] = []
         if named:
             sends.append((named, {"vllm_xargs": {"output_rate_user": named}}, {}))
+            if api == "completions":
+                # near twins of the name: users of their own (a limiter that folds case or trims a name
+                # merges them with the named user, whose budget they then spend)
+                for twin in twin_names(named):
+                    sends.append((twin, {"vllm_xargs": {"output_rate_user": twin}}, {}))
         if api != "completions (a batch of 2 prompts)":
             sends.append((ANONYMOUS_USER, {"user": spoofs["openai_user"], "vllm_xargs": dict(spoofs["extra_xargs"]),
                                            **spoofs["extra_body"]}, dict(spoofs["headers"])))
