@@ -897,36 +897,50 @@ def test_an_engine_whose_throttled_residents_keep_their_slots_fails_work_conserv
     assert check.figure > 10, check.explanation
 
 
-# the recorder lies: its header says the 100 ms burst, and it stamps each user's dispatches and emits on
-# an even 1/N schedule (never earlier than the truth), so a one-second burst reads as a user served
-# evenly at its limit
-SMOOTHING_RECORDER = '''
+def _rewriting_recorder(said: str, state: str, rewrite: str) -> str:
+    """Mutant code for vllm.v1.core.sched.output_rate_events: a recorder whose header says the 100 ms burst,
+    whose ``__init__`` runs ``state`` (statements on ``self`` and ``meta``, its header) and says ``said``, and
+    whose ``end_step`` passes each pending event ``(t, kind, reason, req, user, count)`` through ``rewrite``
+    (statements that may change ``t``) before handing it over."""
+    state = "\n".join(" " * 4 + line for line in state.strip().splitlines())
+    rewrite = "\n".join(" " * 12 + line for line in rewrite.strip().splitlines())
+    return f"""
 cls = module.OutputRateEventRecorder
 shipped_init = cls.__init__
 shipped_end_step = cls.end_step
 
-def init_smoothing(self, path, meta):
-    shipped_init(self, path, {**meta, "burst_ns": 100_000_000})
-    self._mutant_rates = (meta.get("default_tps"), dict(meta.get("user_tps") or {}))
-    self._mutant_next = {}
-    print("ratebench test mutant: a recorder that smooths its stamps", file=sys.stderr, flush=True)
+def init_rewriting(self, path, meta):
+    shipped_init(self, path, {{**meta, "burst_ns": 100_000_000}})
+{state}
+    print("ratebench test mutant: {said}", file=sys.stderr, flush=True)
 
-def end_step_smoothing(self):
-    default, users = self._mutant_rates
-    if default and self._pending:
-        smoothed = []
+def end_step_rewriting(self):
+    if self._pending:
+        out = []
         for t, kind, reason, req, user, count in self._pending:
-            if kind in (module.KIND_DISPATCH, module.KIND_EMIT):
-                key = (user, kind)
-                t = max(t, self._mutant_next.get(key, 0))
-                self._mutant_next[key] = t + count * (1_000_000_000 // users.get(user, default))
-            smoothed.append((t, kind, reason, req, user, count))
-        self._pending = smoothed
+{rewrite}
+            out.append((t, kind, reason, req, user, count))
+        self._pending = out
     shipped_end_step(self)
 
-cls.__init__ = init_smoothing
-cls.end_step = end_step_smoothing
-'''
+cls.__init__ = init_rewriting
+cls.end_step = end_step_rewriting
+"""
+
+
+# the recorder lies: its header says the 100 ms burst, and it stamps each user's dispatches and emits on
+# an even 1/N schedule (never earlier than the truth), so a one-second burst reads as a user served
+# evenly at its limit
+SMOOTHING_RECORDER = _rewriting_recorder("a recorder that smooths its stamps", """
+self._mutant_rates = (meta.get("default_tps"), dict(meta.get("user_tps") or {}))
+self._mutant_next = {}
+""", """
+default, users = self._mutant_rates
+if default and kind in (module.KIND_DISPATCH, module.KIND_EMIT):
+    key = (user, kind)
+    t = max(t, self._mutant_next.get(key, 0))
+    self._mutant_next[key] = t + count * (1_000_000_000 // users.get(user, default))
+""")
 
 
 def test_a_real_engine_with_a_burst_its_recorder_smooths_away_fails_the_client_witness(tmp_path, tiny_model):
@@ -950,41 +964,23 @@ def test_a_real_engine_with_a_burst_its_recorder_smooths_away_fails_the_client_w
 # other stamp true). The phase's longest dispatch-to-emit then reads far longer than any step the engine
 # ran (about 200 ms here, as the verifier pairs a request's emits with its charges): the step tolerance by
 # which bound-emit and bound-client widen every window of the phase, room for a burst of that many tokens
-STRETCHING_RECORDER = '''
-cls = module.OutputRateEventRecorder
-shipped_init = cls.__init__
-shipped_end_step = cls.end_step
-
-def init_stretching(self, path, meta):
-    shipped_init(self, path, meta)
-    self._mutant_seen = {}
-    self._mutant_stretched = 0
-    print("ratebench test mutant: a recorder that stretches a step a second", file=sys.stderr, flush=True)
-
-def end_step_stretching(self):
-    if self._pending:
-        out = []
-        for t, kind, reason, req, user, count in self._pending:
-            seen = self._mutant_seen.setdefault(req, t)
-            if kind == module.KIND_DISPATCH and t - self._mutant_stretched >= 1_000_000_000 \\
-                    and t - seen >= 1_600_000_000:
-                self._mutant_stretched = t
-                t -= 1_500_000_000
-            out.append((t, kind, reason, req, user, count))
-        self._pending = out
-    shipped_end_step(self)
-
-cls.__init__ = init_stretching
-cls.end_step = end_step_stretching
-'''
+STRETCHING_RECORDER = _rewriting_recorder("a recorder that stretches a step a second", """
+self._mutant_seen = {}
+self._mutant_stretched = 0
+""", """
+seen = self._mutant_seen.setdefault(req, t)
+if kind == module.KIND_DISPATCH and t - self._mutant_stretched >= 1_000_000_000 and t - seen >= 1_600_000_000:
+    self._mutant_stretched = t
+    t -= 1_500_000_000
+""")
 
 
 def test_a_real_engine_whose_recorder_stretches_a_step_a_second_fails_witness_steps(tmp_path, tiny_model):
     """The limiter as shipped; its recorder stamps one charge a second 1.5 s early, so the phase's longest
     step (the bound's tolerance on emits and client chunks) reads about 200 ms. The client heard from the
     engine every few tens of milliseconds all along: no step was that long (witness-steps). The moved
-    charges also crowd a window of the user's charges (bound-dispatch, by a token or two, and even
-    spacing on the window they left)."""
+    charges may also crowd a window of the user's charges (bound-dispatch, by a token or two) and leave
+    another (even spacing, stream turns)."""
     verdict = _run_broken(tmp_path, {"vllm.v1.core.sched.output_rate_events": STRETCHING_RECORDER}, _SEED)
     logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "results").rglob("engine.log"))
     assert "a recorder that stretches a step a second" in logs, "the recorder was not replaced"
@@ -992,8 +988,11 @@ def test_a_real_engine_whose_recorder_stretches_a_step_a_second_fails_witness_st
     assert ("witness-steps", "user-a") in failed, verdict.summary()
     steps = [c for c in verdict.failures if c.name == "witness-steps"]
     assert all(c.figure > 2 * c.threshold for c in steps), verdict.summary()
-    assert {name for name, _ in failed} <= {"witness-steps", "bound-dispatch", "bound-dispatch-run",
-                                           "even-spacing-dispatch"}, verdict.summary()
+    # the emits and what the client saw are true: the stretch only widened their windows. (Checks on the
+    # charges may fail beside it, as the moved charges crowd one window and leave another: bound-dispatch,
+    # even spacing, stream turns.)
+    assert not {name for name, _ in failed} & {"bound-emit", "bound-client", "witness-order", "witness-emits",
+                                               "witness-delivery"}, verdict.summary()
 
 
 # the EngineCore's output thread gets what the engine sends in clumps: each output waits for the next

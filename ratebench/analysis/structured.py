@@ -291,26 +291,23 @@ def structured_conformance(run: RunData, tol: float = PENALTY_TOL) -> list[Phase
             elif kind == "banned":
                 at, held = _first_banned(spec, list(r.token_ids))
                 why = f"which its logit bias of {BAN_BIAS:g} bans (token ids {spec})"
-            elif kind == "penalties":
-                rows = (ph.params.get("penalty_scores") or {}).get(str(r.stream_index))
-                if not isinstance(rows, list) or len(rows) != len(r.token_ids):
-                    pc.unscored += 1
-                    unscored = ph.params.get("penalty_scores_unscored") or {}
-                    pc.unscored_why = pc.unscored_why or str(unscored.get("first") or
-                                                             f"{r.client_id}: no scores recorded for its tokens")
-                    continue
-                at, held, why = first_beaten_under_penalties(spec, list(r.token_ids), rows, tol)
-            elif kind == "repetition":
+            elif kind in ("penalties", "repetition"):
                 probes = ph.params.get("repetition_probes") or {}
-                picked = (probes.get("tokens") or {}).get(str(r.stream_index))
-                if not isinstance(picked, list) or len(picked) != len(r.token_ids):
+                rows = ((ph.params.get("penalty_scores") or {}) if kind == "penalties"
+                        else (probes.get("tokens") or {})).get(str(r.stream_index))
+                if not isinstance(rows, list) or len(rows) != len(r.token_ids):
+                    # not scored: counted, and failed (the check module)
                     pc.unscored += 1
                     unscored = ph.params.get("penalty_scores_unscored") or {}
+                    recorded = "scores" if kind == "penalties" else "repetition probes"
                     pc.unscored_why = pc.unscored_why or str(unscored.get("first") or
-                                                             f"{r.client_id}: no repetition probes recorded for its tokens")
+                                                             f"{r.client_id}: no {recorded} recorded for its tokens")
                     continue
-                at, held, why = first_not_picked_again(spec, float(probes.get("bias") or 0), list(r.token_ids),
-                                                       [int(t) for t in picked])
+                if kind == "penalties":
+                    at, held, why = first_beaten_under_penalties(spec, list(r.token_ids), rows, tol)
+                else:
+                    at, held, why = first_not_picked_again(spec, float(probes.get("bias") or 0), list(r.token_ids),
+                                                           [int(t) for t in rows])
             elif kind == "min_tokens":
                 at, held = first_early_stop(spec[0], set(stop_ids) | set(spec[1]), list(r.token_ids))
                 why = f"a stop token among its first {spec[0]} tokens, which min_tokens masks"
