@@ -209,17 +209,20 @@ def step_silences(run: RunData, row_of_record: dict[int, tuple[int, str]], chunk
     for i, (p, _) in row_of_record.items():
         by_phase.setdefault(p, []).append(i)
     out = {}
+    by_dispatch: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # engine -> steps sorted by dispatch
     for p, indices in by_phase.items():
         phase = run.phases[p]
-        lat_of = steps.get(phase.engine)
-        if lat_of is None:
+        if phase.engine not in by_dispatch:
+            if phase.engine not in steps:
+                continue
+            emit_t, lat = steps[phase.engine]
+            order = np.argsort(emit_t - lat, kind="stable")
+            by_dispatch[phase.engine] = ((emit_t - lat)[order], emit_t[order], lat[order])
+        d_all, e_all, l_all = by_dispatch[phase.engine]
+        a, b = np.searchsorted(d_all, [phase.start_ns, phase.end_ns], side="left")
+        if b <= a:
             continue
-        emit_t, lat = lat_of
-        d = emit_t - lat
-        at = (d >= phase.start_ns) & (d < phase.end_ns)
-        if not at.any():
-            continue
-        e, lt, dd = emit_t[at], lat[at], d[at]
+        e, lt, dd = e_all[a:b], l_all[a:b], d_all[a:b]
         t, _, _ = chunks.of(np.array(sorted(indices), dtype=np.int64))
         t = np.sort(t[(t > phase.start_ns) & (t < phase.end_ns)])
         edges = np.concatenate(([phase.start_ns], t, [max(phase.end_ns, phase.start_ns + 1)]))
