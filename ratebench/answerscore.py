@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from ratebench.events import ClientRecord, greedy_pair_comparable
+from ratebench.runrecords import ClientRecord, greedy_pair_comparable
 from ratebench.workload import StreamRequest, WorkloadError
 
 SCORE_CONCURRENCY = 4  # scoring requests in flight

@@ -29,7 +29,8 @@ from ratebench.engine import (
     wait_ready,
     warm_up,
 )
-from ratebench.events import BalancerEntry, EngineEntry, EventFileError, read_engine_events
+from ratebench.events import EventFileError, read_engine_events
+from ratebench.runrecords import BalancerEntry, EngineEntry
 from ratebench.manifest import Manifest
 from ratebench.plan import engine_spec, engines_wanted
 from ratebench.procstats import groups_cpu_s, machine_busy_cpu_s

@@ -20,7 +20,7 @@ from typing import Any
 
 from ratebench import __version__
 from ratebench._io import atomic_write_json
-from ratebench.events import BalancerEntry, ClientRecord, EngineEntry, PhaseRecord, write_client_records
+from ratebench.runrecords import BalancerEntry, ClientRecord, EngineEntry, PhaseRecord, write_client_records
 from ratebench.profiles import Profile
 
 

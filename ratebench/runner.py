@@ -28,7 +28,7 @@ from rich.console import Console
 from ratebench.balancer import BalancerError
 from ratebench.engine import EngineError
 from ratebench.engineset import EXTERNAL_ENGINE, AttachError, EngineSet
-from ratebench.events import PhaseRecord
+from ratebench.runrecords import PhaseRecord
 from ratebench.http1 import STALL_ERROR
 from ratebench.manifest import Manifest
 from ratebench.models import SOURCE_TINY, model_choice, model_max_len, stop_token_ids

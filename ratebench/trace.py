@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from ratebench.events import ClientRecord
+from ratebench.runrecords import ClientRecord
 from ratebench.events import ANONYMOUS_USER, APIS
 
 TRACE_SUFFIX = ".jsonl"

@@ -17,7 +17,8 @@ from pathlib import Path
 from ratebench.analysis.checks import build_checks
 from ratebench.analysis.load import RunData, RunFolderError, load_run
 from ratebench.analysis.partial import keep_completed_phases
-from ratebench.analysis.summary import Measure, summarize_run
+from ratebench.analysis.summary import summarize_run
+from ratebench.analysis.runsummary import Measure
 from ratebench.analysis.tierlatency import tier_latencies
 from ratebench.analysis.verdict import Thresholds, Verdict
 

@@ -4,7 +4,8 @@ The verifier's tests use these instead of a real vLLM (a test fixture, not shipp
 simulated engine runs fixed-length steps; at the start of a step it asks the
 limiter for one token per active request (a user's streams take turns), records
 a dispatch event at that instant, and at the end of the step an emit event for
-each token. The files follow docs/run-folder.md and ratebench/events.py exactly.
+each token. The files follow docs/run-folder.md, ratebench/events.py and
+ratebench/runrecords.py exactly.
 
 Limiters (``LIMITERS``):
 
@@ -34,11 +35,9 @@ from ratebench.events import (
     KIND_FINISH,
     KIND_REFUSE,
     RECORD_DTYPE,
-    ClientRecord,
-    EngineEntry,
     EventFileWriter,
-    write_client_records,
 )
+from ratebench.runrecords import ClientRecord, EngineEntry, write_client_records
 
 NS = 1_000_000_000
 BURST_NS = 100_000_000

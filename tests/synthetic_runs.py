@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ratebench.events import EventFileWriter, read_client_records, read_engine_events, write_client_records
+from ratebench.events import EventFileWriter, read_engine_events
+from ratebench.runrecords import read_client_records, write_client_records
 from ratebench.profiles import ANONYMOUS_USER
 from ratebench.roles import PHASE_IDLE
 from synth import SimEngine, SimPhase, SimRequest, write_run_folder

@@ -4,7 +4,7 @@ complete without being so, and the stopped engine's users must be served elsewhe
 from __future__ import annotations
 
 from ratebench.analysis.fleet import failover_outcomes
-from ratebench.events import ClientRecord
+from ratebench.runrecords import ClientRecord
 from ratebench.phasefacts import Failover
 
 MEMBERS = ["patched-sync.e0", "patched-sync.e1"]

@@ -398,7 +398,7 @@ def test_every_records_longest_wait_at_once_equals_one_at_a_time(recs):
 def _starve_stream_0(run_dir, *, policy=None, priorities=None):
     """Stream 0 of user-a gets nothing from 0.5 s to 2.5 s; the engine's header says ``policy``, and
     the client records carry ``priorities`` (client id suffix -> priority)."""
-    from ratebench.events import read_client_records, write_client_records
+    from ratebench.runrecords import read_client_records, write_client_records
 
     run = load_run(run_dir)
     t0 = run.phases[0].start_ns
@@ -444,7 +444,7 @@ def test_a_wait_is_excused_only_while_a_higher_priority_stream_is_open(tmp_path)
     """The higher-priority siblings end early (their answers cut to 0.6 s): stream 0's wait after they
     ended counts, and starving it from 0.5 s to 2.5 s fails."""
     run_dir = _throttled_run(tmp_path)
-    from ratebench.events import read_client_records, write_client_records
+    from ratebench.runrecords import read_client_records, write_client_records
 
     records = read_client_records(run_dir / "requests.jsonl")
     t0 = load_run(run_dir).phases[0].start_ns
@@ -490,7 +490,8 @@ def _first_token_late(run_dir, steps_tokens: int | None, budget: int | None = 25
     and ``budget`` as its header's max_num_batched_tokens. The client saw stream 3's first token then
     too; with ``another_prompt``, user-c's first request was sent as the phase began and waited for
     its first token until 1.6 s (a long prompt the full steps could have been prefilling)."""
-    from ratebench.events import STEP_DTYPE, read_client_records, write_client_records
+    from ratebench.events import STEP_DTYPE
+    from ratebench.runrecords import read_client_records, write_client_records
 
     run = load_run(run_dir)
     t0 = run.phases[0].start_ns

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ratebench.analysis import EngineRequestView, reconcile_request
 from ratebench.analysis.reconcile import AnswerEnds, cancel_problem
-from ratebench.events import ClientRecord
+from ratebench.runrecords import ClientRecord
 
 
 def record(**kw) -> ClientRecord:
@@ -73,7 +73,7 @@ def test_a_request_answered_with_an_error_fails_reconciliation():
 
 
 def test_streams_cut_by_the_run_or_closed_by_the_driver_are_not_reconciled_as_errors():
-    from ratebench.events import ERROR_INTERRUPTED
+    from ratebench.runrecords import ERROR_INTERRUPTED
 
     assert check(record(error=ERROR_INTERRUPTED, completion_tokens=None, finish_reason=None), None) is None
     assert check(record(error="ReadError: closed", cancelled=True, cancel_ns=2, completion_tokens=None,

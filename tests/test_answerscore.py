@@ -6,7 +6,7 @@ import asyncio
 import socket
 
 from ratebench.answerscore import parted_pairs, score_parted_answers
-from ratebench.events import ClientRecord
+from ratebench.runrecords import ClientRecord
 from ratebench.workload import StreamRequest
 
 

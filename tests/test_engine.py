@@ -225,7 +225,7 @@ def _attach_a_run(tmp_path: Path, engine: RunningEngine) -> Path:
 
 
 def _check_attached_run(run_dir: Path) -> None:
-    from ratebench.events import read_client_records
+    from ratebench.runrecords import read_client_records
 
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert list(manifest["engines"]) == ["external"] and manifest["engines"]["external"]["kind"] == "external"

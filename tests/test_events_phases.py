@@ -1,4 +1,4 @@
-"""scenarios.json: one type (ratebench.events.PhaseRecord) writes an entry and reads it back."""
+"""scenarios.json: one type (ratebench.runrecords.PhaseRecord) writes an entry and reads it back."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ratebench.events import PhaseRecord, PhaseUser
+from ratebench.runrecords import PhaseRecord, PhaseUser
 
 # An entry as the runner wrote it before writer and reader became one type.
 WRITTEN = """[

@@ -812,7 +812,7 @@ def test_parked_requests_holding_kv_delaying_another_users_first_token_are_rejec
     waiting loop never preempting, as upstream's) the neighbour waits 7 ms -> 7 s for its first token.
     isolation-rate and isolation-gap-p99 (both from the first token) miss it; isolation-ttft rejects it."""
     run_dir, verdict = judged("kv_isolation", NoWaitingPreemption)
-    from ratebench.events import read_client_records
+    from ratebench.runrecords import read_client_records
 
     ttft = {r.phase: r.first_token_ns - r.sent_ns for r in read_client_records(run_dir / "requests.jsonl")
             if r.user == "user-b"}
@@ -824,7 +824,7 @@ def test_parked_requests_holding_kv_delaying_another_users_first_token_are_rejec
 
 def test_a_neighbours_first_token_is_on_time_under_kv_pressure_from_parked_requests(judged):
     run_dir, verdict = judged("kv_isolation")
-    from ratebench.events import read_client_records
+    from ratebench.runrecords import read_client_records
 
     ttft = {r.phase: r.first_token_ns - r.sent_ns for r in read_client_records(run_dir / "requests.jsonl")
             if r.user == "user-b"}

@@ -169,7 +169,7 @@ def test_report_md_reads_the_mix_by_tier_before_its_failing_users_rows(broken) -
 
 
 def test_the_line_after_a_phase_of_many_users_sums_up_each_tier(broken) -> None:
-    from ratebench.events import read_client_records
+    from ratebench.runrecords import read_client_records
     from ratebench.scenarios import SUMMARY_MAX_USERS, PhaseRecord, phase_summary
 
     (entry,) = json.loads((broken / "scenarios.json").read_text())
@@ -212,7 +212,7 @@ def _served(records, phase: str, users: list[str]) -> dict:
 
 
 def test_each_tier_gets_vllm_bench_serve_figures_on_the_phase_and_on_its_baseline(with_baseline) -> None:
-    from ratebench.events import read_client_records
+    from ratebench.runrecords import read_client_records
 
     run, verdict = with_baseline
     records = read_client_records(run / "requests.jsonl")

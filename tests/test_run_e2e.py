@@ -22,13 +22,8 @@ import pytest
 from rich.console import Console
 
 from ratebench.procstats import group_members
-from ratebench.events import (
-    FINISH_REASONS,
-    KIND_FINISH,
-    client_id_of,
-    read_client_records,
-    read_engine_events,
-)
+from ratebench.events import FINISH_REASONS, KIND_FINISH, read_engine_events
+from ratebench.runrecords import client_id_of, read_client_records
 from ratebench.profiles import ANONYMOUS_USER, load_profile, scenario_kinds
 from ratebench.runner import RunOptions, run_profile
 

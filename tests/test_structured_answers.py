@@ -10,7 +10,7 @@ import pytest
 from ratebench.analysis.checks.resume import structured_answers
 from ratebench.analysis.load import RunData
 from ratebench.analysis.structured import constraint_of, structured_conformance
-from ratebench.events import ClientRecord, PhaseRecord
+from ratebench.runrecords import ClientRecord, PhaseRecord
 from ratebench.scenarios.request_options import OPTIONS, option_body
 
 EOS = 2

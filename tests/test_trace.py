@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from ratebench.analysis.lateness import trace_lateness
 from ratebench.cli import app
-from ratebench.events import ClientRecord, write_client_records
+from ratebench.runrecords import ClientRecord, write_client_records
 from ratebench.profiles import BUILTIN_DIR, Limits, ProfileError, load_profile, parse_profile
 from ratebench.scenarios import ScenarioContext, plan_scenario
 from ratebench.scenarios.trace import trace_estimate, trace_phase_users, trace_streams

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from ratebench.events import KIND_FINISH, client_id_of, read_client_records, read_engine_events
+from ratebench.events import KIND_FINISH, read_engine_events
+from ratebench.runrecords import client_id_of, read_client_records
 from ratebench.profiles import ANONYMOUS_USER, BUILTIN_DIR, load_profile
 from ratebench.runner import RunOptions, run_profile
 from ratebench.trace import read_trace

@@ -8,7 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ratebench.cli import app
-from ratebench.events import ERROR_INTERRUPTED
+from ratebench.runrecords import ERROR_INTERRUPTED
 from synth import standard_run
 from ratebench.verify import EXIT_CHECK_FAILED, EXIT_PARTIAL, EXIT_PASSED, EXIT_UNUSABLE, analyse_run
 from synthetic_runs import cut_event_file, edit_client_records, edit_manifest, edit_scenarios

@@ -12,7 +12,7 @@ from typing import AsyncIterator, Callable
 import httpx
 import pytest
 
-from ratebench.events import client_id_of
+from ratebench.runrecords import client_id_of
 from ratebench.workload import Driver, PhaseContext, StreamRequest, request_body
 
 CTX = PhaseContext(scenario="sc", phase="ph", engine="patched-sync", endpoint="http://engine", model="tiny-qwen3")

@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ratebench.analysis.load import RunData
-from ratebench.events import greedy_pair_comparable
+from ratebench.runrecords import greedy_pair_comparable
 from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE
 
 SNIPPET = 6  # tokens shown either side of the first difference

@@ -31,8 +31,9 @@ import numpy as np
 
 from ratebench.analysis.bound import NS_PER_S, BoundResult, check_bound
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
-from ratebench.events import KIND_DISPATCH, KIND_EMIT, PhaseRecord
+from ratebench.analysis.runsummary import RunSummary
+from ratebench.events import KIND_DISPATCH, KIND_EMIT
+from ratebench.runrecords import PhaseRecord
 from ratebench.phasefacts import Failover
 
 

@@ -53,7 +53,8 @@ import numpy as np
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import BUSY_MACHINE_CPUS
 from ratebench.analysis.segments import diffs_within, group_by
-from ratebench.events import KIND_EMIT, PhaseRecord
+from ratebench.events import KIND_EMIT
+from ratebench.runrecords import PhaseRecord
 
 try:
     from ratebench.events import KIND_REFUSE

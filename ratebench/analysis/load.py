@@ -15,18 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ratebench.events import (
-    KIND_DISPATCH,
-    KIND_EMIT,
-    ClientRecord,
-    EngineEntry,
-    EngineEvents,
-    EventFileError,
-    PhaseRecord,
-    client_id_of,
-    read_client_records,
-    read_engine_events,
-)
+from ratebench.events import KIND_DISPATCH, KIND_EMIT, EngineEvents, EventFileError, read_engine_events
+from ratebench.runrecords import ClientRecord, EngineEntry, PhaseRecord, client_id_of, read_client_records
 from ratebench.analysis.segments import Groups, group_by, time_order
 
 

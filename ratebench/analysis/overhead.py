@@ -18,7 +18,8 @@ import numpy as np
 
 from ratebench.analysis.load import RunData
 from ratebench.analysis.verdict import OverheadSummary, PairedRatio
-from ratebench.events import KIND_EMIT, PhaseRecord
+from ratebench.events import KIND_EMIT
+from ratebench.runrecords import PhaseRecord
 from ratebench.roles import OVERHEAD_NO_EVENTS, OVERHEAD_OFF, OVERHEAD_ON, OVERHEAD_STOCK
 
 # an overhead round's phase role (ratebench/roles.py)

@@ -24,7 +24,8 @@ import numpy as np
 
 from ratebench.analysis.load import EngineTrace, RunData
 from ratebench.analysis.verdict import MissingPhase
-from ratebench.events import ERROR_INTERRUPTED, KIND_FINISH, ClientRecord, PhaseRecord
+from ratebench.events import KIND_FINISH
+from ratebench.runrecords import ERROR_INTERRUPTED, ClientRecord, PhaseRecord
 
 
 def keep_completed_phases(run: RunData) -> tuple[RunData, list[MissingPhase]]:

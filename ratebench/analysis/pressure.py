@@ -43,8 +43,9 @@ import numpy as np
 
 from ratebench.analysis.fairness import jain_index
 from ratebench.analysis.load import RunData
-from ratebench.events import KIND_DISPATCH, PhaseRecord
-from ratebench.analysis.summary import client_user
+from ratebench.events import KIND_DISPATCH
+from ratebench.runrecords import PhaseRecord
+from ratebench.analysis.runsummary import client_user
 
 # The first steps after the last user's first request: its prefill, before it can take a place.
 SETTLE_NS = 200_000_000

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ratebench.events import ERROR_INTERRUPTED, FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH, ClientRecord
+from ratebench.events import FINISH_REASONS, KIND_DISPATCH, KIND_EMIT, KIND_FINISH
+from ratebench.runrecords import ERROR_INTERRUPTED, ClientRecord
 
 NO_TIME = np.iinfo(np.int64).max
 

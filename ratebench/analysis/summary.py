@@ -1,4 +1,5 @@
-"""Per engine, per user, per scenario phase: every figure the checks and reports use.
+"""Per engine, per user, per scenario phase: every figure the checks and reports use (kept in
+:class:`~ratebench.analysis.runsummary.RunSummary`; the client's side: :mod:`~ratebench.analysis.clientsummary`).
 
 Vectorized over events: one stable sort per grouping, then one pass per group
 (user, or phase and user) over numpy slices. Never a Python loop over events.
@@ -8,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
 from ratebench.analysis.bound import bound_result, check_bound_grouped
+from ratebench.analysis.clientsummary import ClientChunks, sent_ns, summarize_clients, witness_rows
 from ratebench.analysis.fairness import stream_spread
 from ratebench.analysis.gaps import gap_stats, gaps_merged
 from ratebench.analysis.load import RunData
@@ -23,71 +23,29 @@ from ratebench.analysis.refusals import peak_head
 from ratebench.analysis.reconcile import (
     NO_TIME,
     AnswerEnds,
-    RequestCheck,
     engine_request_totals,
     events_after_grouped,
     reconcile_request,
     view_of,
 )
 from ratebench.analysis import rowgroups
-from ratebench.analysis.segments import time_order
+from ratebench.analysis.runsummary import (
+    IdentityTally,
+    Measure,
+    RunSummary,
+    add_request_check,
+    client_user,
+    new_row,
+    row_of,
+)
 from ratebench.analysis.series import request_streams
 from ratebench.analysis.spacing import check_spacing_many
-from ratebench.analysis.steps import EngineStep, engine_step, step_latencies
-from ratebench.analysis.waiting import WaitingSummary, waiting_summaries
-from ratebench.analysis.witness import WitnessResult, witness_figures
-from ratebench.analysis.bound import BURST_NS
-from ratebench.analysis.verdict import EngineUserBound, OverheadSummary, UserPhaseSummary
-from ratebench.events import ANONYMOUS_USER, FINISH_REASONS, KIND_DISPATCH
+from ratebench.analysis.steps import engine_step, step_latencies
+from ratebench.analysis.waiting import waiting_summaries
+from ratebench.analysis.verdict import EngineUserBound
+from ratebench.events import FINISH_REASONS, KIND_DISPATCH
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = 1, 2, 3  # events.FINISH_REASONS codes
-
-
-
-@dataclass
-class IdentityTally:
-    """One user's requests in one phase (the user the client sent), against the user the engine charged."""
-
-    requests: int = 0
-    mismatches: list[str] = field(default_factory=list)  # "<client id>: sent as X, charged to Y"
-
-
-@dataclass
-class RunSummary:
-    engine_steps: dict[str, EngineStep]
-    rows: dict[tuple[int, str], UserPhaseSummary]  # (phase index, user)
-    engine_bounds: list[EngineUserBound]
-    request_checks: dict[tuple[int, str], list[RequestCheck]]
-    overheads: list[OverheadSummary]
-    warnings: list[str] = field(default_factory=list)
-    # client record index -> the rate-limit user the engine charged (when it differs from what was sent)
-    engine_user_of_record: dict[int, str] = field(default_factory=dict)
-    stage_s: dict[str, float] = field(default_factory=dict)  # wall time of each part, for benchmarks
-    # (phase index, user the client sent) -> the requests the engine charged, and those charged to another
-    identity: dict[tuple[int, str], IdentityTally] = field(default_factory=dict)
-    steps_per_phase: dict[int, int] = field(default_factory=dict)  # engine steps that sampled, per phase
-    waiting: list[WaitingSummary] = field(default_factory=list)
-    # (phase index, user) -> the client's records held against the engine's events (analysis/witness.py)
-    witness: dict[tuple[int, str], WitnessResult] = field(default_factory=dict)
-    # engine -> its steps' emit times and dispatch-to-emit latencies (steps.step_latencies), where measured
-    step_latencies: dict[str, tuple] = field(default_factory=dict)
-
-    def user_of(self, record_index: int, sent_user: str | None) -> str:
-        return self.engine_user_of_record.get(record_index, client_user(sent_user))
-
-
-def client_user(user: str | None) -> str:
-    return ANONYMOUS_USER if user is None else user
-
-
-@dataclass(frozen=True)
-class Measure:
-    """What the figures are measured against: the promise's burst (the bound's 100 ms) and how far
-    windows on emit events are widened (None: the longest engine step measured in the phase). No threshold:
-    the checks (:mod:`ratebench.analysis.checks`) judge the figures."""
-
-    burst_ns: int = BURST_NS
-    emit_tolerance_ns: int | None = None
 
 
 def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
@@ -96,7 +54,7 @@ def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
     rows = summary.rows
     for p in run.phases:
         for user, spec in p.users.items():
-            row = rows[(p.index, user)] = _new_row(run, p.index, user)
+            row = rows[(p.index, user)] = new_row(run, p.index, user)
             if spec.limit_tps != row.limit_tps:
                 summary.warnings.append(
                     f"{p.label} {user}: scenarios.json says limit {spec.limit_tps}, the engine's flags give "
@@ -113,11 +71,11 @@ def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
         _summarize_engine(run, name, summary, measure, phase_of, ends)
         summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    chunks = _ClientChunks(run.records)
+    chunks = ClientChunks(run.records)
     t1 = time.perf_counter()
-    summary.witness = _witness(run, summary, measure, phase_of, chunks)
+    summary.witness = witness_rows(run, summary, measure, phase_of, chunks)
     summary.stage_s["witness"] = time.perf_counter() - t1
-    _summarize_clients(run, summary, measure, phase_of, ends, chunks)
+    summarize_clients(run, summary, measure, phase_of, ends, chunks)
     summary.overheads = overhead_summaries(run, phase_of)
     summary.waiting = waiting_summaries(run, summary.rows, summary.request_checks, summary.steps_per_phase)
     summary.warnings.extend(busy_machine_warnings(summary.overheads))
@@ -136,26 +94,6 @@ class _Laps:
         key = self.prefix + label
         self.stage_s[key] = self.stage_s.get(key, 0.0) + now - self.t
         self.t = now
-
-
-def _new_row(run: RunData, phase_index: int, user: str) -> UserPhaseSummary:
-    p = run.phases[phase_index]
-    spec = p.users.get(user)
-    limit = run.engines[p.engine].limit_of(user)
-    if spec is not None and spec.limit_tps is not None and spec.limit_tps != limit:
-        limit = spec.limit_tps if limit is None else limit
-    return UserPhaseSummary(
-        scenario=p.scenario, phase=p.phase, engine=p.engine, user=user, role=p.role, kind=p.kind,
-        limit_tps=limit, streams=spec.streams if spec else 0, backlogged=bool(spec and spec.backlogged),
-        requests=0, tier=spec.tier if spec else None,
-    )
-
-
-def _row(run: RunData, summary: RunSummary, phase_index: int, user: str) -> UserPhaseSummary:
-    key = (phase_index, user)
-    if key not in summary.rows:
-        summary.rows[key] = _new_row(run, phase_index, user)
-    return summary.rows[key]
 
 
 def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict,
@@ -280,7 +218,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
                                         lost_t, lost_req, n_codes)
         lap("per phase and user: even spacing")
         for k, (p_index, u_code, sl) in enumerate(group_list):
-            row = _row(run, summary, p_index, strings[u_code])
+            row = row_of(run, summary, p_index, strings[u_code])
             ps = phase_steps.get(p_index)
             steps = (ps[0], ps[1]) if ps is not None else None  # the engine's step starts and periods
             tg = t[sl]
@@ -377,7 +315,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
         code = code_of_record.get(i)
         view = view_of(totals_py, code, after_cancel, after_finish) if code is not None else None
         chk = reconcile_request(r, view, engine_has_events=True, ends=ends)
-        _add_request_check(summary, phase_of, i, r, chk)
+        add_request_check(summary, phase_of, i, r, chk)
     lap("reconciliation per request")
 
 
@@ -409,7 +347,7 @@ def _spacing_per_group(run: RunData, summary: RunSummary, strings, label: str, g
             lost_of[g] = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())])
     by_phase: dict[int, list[tuple[int, tuple]]] = {}
     for k, (p_index, u_code, sl) in enumerate(group_list):
-        row = _row(run, summary, p_index, strings[u_code])
+        row = row_of(run, summary, p_index, strings[u_code])
         if not (row.backlogged and row.limit_tps and p_index in phase_steps):
             continue
         ts, rs, cs = t[sl], req[sl], None if c is None else c[sl]
@@ -453,7 +391,7 @@ def _charge_parity(run: RunData, name: str, summary: RunSummary, totals, first_u
     allowance[reason == FINISH_STOP] = 1 if is_async else 0
     over = np.maximum(excess - allowance, 0) + np.maximum(-excess, 0)
     for p_index, u_code, pos in rowgroups.row_groups(trace, codes, first_user, n_codes):
-        row = _row(run, summary, p_index, strings[u_code])
+        row = row_of(run, summary, p_index, strings[u_code])
         row.charge_requests = len(pos)
         row.charge_excess_tokens = int(excess[pos].sum())
         row.charge_over_allowance = int(over[pos].sum())
@@ -477,129 +415,8 @@ def _engine_ttft(run: RunData, name: str, summary: RunSummary, e_t_r: np.ndarray
     rec = trace.req_record[codes]
     keep = (rec >= 0) & (trace.req_phase[codes] >= 0) & (first_user[codes] >= 0)
     codes, first_emit, rec = codes[keep], e_t_r[e_by_req.starts[keep]], rec[keep]
-    sent = _sent_ns(run)[rec]
+    sent = sent_ns(run)[rec]
     keep = sent >= 0
     codes, ttft = codes[keep], first_emit[keep].astype(np.int64) - sent[keep]
     for p_index, u_code, pos in rowgroups.row_groups(trace, codes, first_user, n_codes):
-        _row(run, summary, p_index, strings[u_code]).ttft_engine = gap_stats(ttft[pos])
-
-
-def _sent_ns(run: RunData) -> np.ndarray:
-    """Every client record's ``sent_ns`` (-1 when it was never sent)."""
-    return np.fromiter((-1 if r.sent_ns is None else r.sent_ns for r in run.records), dtype=np.int64,
-                       count=len(run.records))
-
-
-def _add_request_check(summary: RunSummary, phase_of: dict, i: int, r, chk: RequestCheck | None) -> None:
-    if chk is None:
-        return
-    p_index = phase_of.get((r.scenario, r.phase, r.engine))
-    if p_index is not None:
-        summary.request_checks.setdefault((p_index, summary.user_of(i, r.user)), []).append(chk)
-
-
-def _witness(run: RunData, summary: RunSummary, measure: Measure, phase_of: dict, chunks: _ClientChunks) -> dict:
-    """The client's records against the engine's events, per row (``witness.witness_figures``), with each
-    row's bound-emit tolerance (the one its bound-client windows widen further)."""
-    row_of_record = {}
-    for i, r in enumerate(run.records):
-        p_index = phase_of.get((r.scenario, r.phase, r.engine))
-        if p_index is not None and r.engine in run.traces:
-            row_of_record[i] = (p_index, summary.user_of(i, r.user))
-    tolerance = {}
-    for key in set(row_of_record.values()):
-        row = summary.rows.get(key)
-        step = summary.engine_steps.get(run.phases[key[0]].engine)
-        if row is not None and row.bound_emit is not None:
-            tolerance[key] = row.bound_emit.tolerance_ns
-        elif measure.emit_tolerance_ns is not None:
-            tolerance[key] = measure.emit_tolerance_ns
-        elif step is not None:
-            tolerance[key] = step.longest_ns
-    return witness_figures(run, row_of_record, chunks, tolerance, from_file=measure.emit_tolerance_ns is None,
-                           steps=summary.step_latencies)
-
-
-def _summarize_clients(run: RunData, summary: RunSummary, th: Measure, phase_of: dict, ends: AnswerEnds,
-                       chunks: _ClientChunks | None = None) -> None:
-    by_group: dict[tuple[int, str], list] = {}
-    for i, r in enumerate(run.records):
-        p_index = phase_of.get((r.scenario, r.phase, r.engine))
-        if p_index is None:
-            if r.fleet is not None and r.engine == r.fleet:
-                continue  # sent through a fleet's balancer and served by no engine: the fleet-* checks count it
-            summary.warnings.append(f"client record {r.client_id}: phase {r.scenario}/{r.phase}@{r.engine} "
-                                    "not in scenarios.json")
-            continue
-        by_group.setdefault((p_index, summary.user_of(i, r.user)), []).append(i)
-    chunks = _ClientChunks(run.records) if chunks is None else chunks
-    for (p_index, user), indices in by_group.items():
-        row = _row(run, summary, p_index, user)
-        row.requests = len(indices)
-        row.streamed_tokens = int(chunks.streamed[indices].sum())
-        if run.engines[row.engine].events_file is None:
-            # no engine events (stock vLLM): reconcile the client side alone
-            for i in indices:
-                r = run.records[i]
-                _add_request_check(summary, phase_of, i, r, reconcile_request(r, None, engine_has_events=False,
-                                                                              ends=ends))
-        cancelled = [i for i in indices if run.records[i].cancelled]
-        row.cancelled = len(cancelled)
-        checks = summary.request_checks.get((p_index, user), [])
-        row.cancelled_charged_tokens = sum(c.charged_tokens or 0 for c in checks if c.cancelled)
-        with_chunks = np.array([i for i in indices if chunks.lengths[i]], dtype=np.int64)
-        if not len(with_chunks):
-            continue
-        t, c, record = chunks.of(with_chunks)
-        unit = bool(c.min() == 1 and c.max() == 1)
-        # per-request gaps: consecutive chunks of one record (records are concatenated whole)
-        row.gaps_client_request = gap_stats(np.diff(t)[record[1:] == record[:-1]])
-        sent = chunks.sent[with_chunks]
-        has_sent = sent >= 0
-        if has_sent.any():
-            row.ttft_client = gap_stats(chunks.first[with_chunks][has_sent] - sent[has_sent])
-        order = time_order(t)
-        if order is not None:
-            t, c = t[order], c[order]
-        c = None if unit else c
-        row.client_rate = rate_figures(t, c, row.limit_tps, th.burst_ns)
-        if row.limit_tps:
-            keep = slice(None) if c is None else c > 0
-            # windows widened by the emit tolerance and the delivery latency's spread (witness.py)
-            w = summary.witness.get((p_index, user))
-            tol = w.client_tolerance_ns if w is not None and w.client_tolerance_ns is not None else 0
-            row.bound_client = bound_result(t[keep], None if c is None else c[keep], row.limit_tps, th.burst_ns,
-                                            tol)
-        row.gaps_client_user = gap_stats(gaps_merged(t))
-
-
-class _ClientChunks:
-    """Every client record's chunks as flat arrays, converted from Python lists once."""
-
-    def __init__(self, records) -> None:
-        n = len(records)
-        self.lengths = np.fromiter((len(r.chunk_ns) for r in records), dtype=np.int64, count=n)
-        total = int(self.lengths.sum())
-        self.t = np.fromiter(chain.from_iterable(r.chunk_ns for r in records), dtype=np.int64, count=total)
-        if sum(sum(r.chunk_tokens) for r in records) == total and not any(0 in r.chunk_tokens for r in records):
-            # one token a chunk (none carries 0, so a sum equal to the chunks' number means all are 1)
-            self.tokens = np.ones(total, dtype=np.int64)
-        else:
-            self.tokens = np.fromiter(chain.from_iterable(r.chunk_tokens for r in records), dtype=np.int64,
-                                      count=total)
-        self.starts = np.cumsum(self.lengths) - self.lengths
-        self.streamed = np.zeros(n, dtype=np.int64)
-        has = self.lengths > 0
-        if total:
-            self.streamed[has] = np.add.reduceat(self.tokens, self.starts[has])
-        self.first = np.where(has, self.t[np.minimum(self.starts, max(total - 1, 0))] if total else 0, -1)
-        self.sent = np.fromiter((-1 if r.sent_ns is None else r.sent_ns for r in records), dtype=np.int64, count=n)
-
-    def of(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(chunk times, tokens, record index of each chunk) of these records, concatenated in order."""
-        lengths = self.lengths[indices]
-        total = int(lengths.sum())
-        record = np.repeat(indices, lengths)
-        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        pos = self.starts[record] + within
-        return self.t[pos], self.tokens[pos], record
+        row_of(run, summary, p_index, strings[u_code]).ttft_engine = gap_stats(ttft[pos])

@@ -31,8 +31,8 @@ import numpy as np
 from ratebench.analysis.gaps import GapStats, gap_stats
 from ratebench.analysis.isolation import Latencies, _client_side, _engine_side, _EngineRequests
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
-from ratebench.events import PhaseRecord
+from ratebench.analysis.runsummary import RunSummary
+from ratebench.runrecords import PhaseRecord
 from ratebench.profiles import ANONYMOUS_USER
 from ratebench.roles import PHASE_BASELINE
 

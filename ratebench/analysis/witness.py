@@ -11,7 +11,7 @@ Order (``witness-order``)
 The patch stamps a step's emit events once, at the start of ``update_from_output()``, before the
 step's outputs leave the engine core (IPC to the API server, detokenization, an SSE chunk on a
 socket, the client's read). So for every request, joined to its engine request by
-``events.client_id_of``::
+``runrecords.client_id_of``::
 
     client arrival of its k-th token  >=  time of the emit event that brought its emitted count to k
 
@@ -167,7 +167,7 @@ def witness_figures(run: RunData, row_of_record: dict[int, tuple[int, str]], chu
     """Per (phase index, user) row: the witness figures of its client records on engines with an event file.
 
     ``row_of_record``: client record index -> its row (the user the engine charged); ``chunks``: every
-    record's chunks as flat arrays (``summary._ClientChunks``: ``t``, ``tokens``, ``lengths``,
+    record's chunks as flat arrays (``clientsummary.ClientChunks``: ``t``, ``tokens``, ``lengths``,
     ``starts``, ``of()``); ``emit_tolerance_ns``: per row, the widening of its bound-emit windows.
     """
     out: dict[tuple[int, str], WitnessResult] = {}

@@ -9,7 +9,8 @@ import typer
 
 from ratebench import trace as traces
 from ratebench.cli._console import fail, stderr, stdout
-from ratebench.events import EventFileError, read_client_records
+from ratebench.events import EventFileError
+from ratebench.runrecords import read_client_records
 
 EXIT_USAGE = 2
 

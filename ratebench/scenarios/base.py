@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ratebench.analysis.bound import BURST_NS, NS_PER_S
-from ratebench.events import PhaseRecord
+from ratebench.runrecords import PhaseRecord
 from ratebench.phasefacts import KEY_ALONGSIDE, KEY_CLIENT_LOOP_LAG, KEY_FLEET, BeamProbe, Failover, FleetInfo
 from ratebench.procstats import engine_core_cpu_s
 from ratebench.profiles import ANONYMOUS_USER, Limits, Profile, ScenarioSpec

@@ -5,8 +5,8 @@ so each chunk carries the cumulative ``completion_tokens``; the tokens of a chun
 are the delta of that count. Each chunk's time is ``time.monotonic_ns()`` taken
 when its bytes came off the socket (the clock of the engine events). Every
 request carries ``X-Request-Id: rb-<run id>-<n>``, which the engine keeps inside
-its request id (``ratebench.events.client_id_of``). What the client saw goes into
-one :class:`ratebench.events.ClientRecord` per request.
+its request id (``ratebench.runrecords.client_id_of``). What the client saw goes into
+one :class:`ratebench.runrecords.ClientRecord` per request.
 
 The package, from the bottom: :mod:`~ratebench.workload.requests` (what a scenario asks to send),
 :mod:`~ratebench.workload.sse` (one answer read into its record), :mod:`~ratebench.workload.live`

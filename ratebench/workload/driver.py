@@ -4,7 +4,7 @@ that spreads a phase's streams over worker processes when it has more than one
 
 from __future__ import annotations
 
-from ratebench.events import ClientRecord
+from ratebench.runrecords import ClientRecord
 from ratebench.workload.requests import PhaseContext, StreamRequest
 from ratebench.workload.sender import StreamSender
 from ratebench.workload.workers import run_phase_in_workers

@@ -14,7 +14,8 @@ import orjson
 from rich.console import Console
 from rich.live import Live
 
-from ratebench.events import ANONYMOUS_USER, ERROR_INTERRUPTED, ClientRecord
+from ratebench.events import ANONYMOUS_USER
+from ratebench.runrecords import ERROR_INTERRUPTED, ClientRecord
 from ratebench.http1 import HTTPStreamError, StreamPool
 from ratebench.workload.live import LiveRates, LoopLagProbe
 from ratebench.workload.prompts import PromptMaker

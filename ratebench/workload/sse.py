@@ -1,5 +1,5 @@
 """Reading one streamed answer: the server-sent events of a request, chunk by chunk, into its
-:class:`ratebench.events.ClientRecord` (:class:`ChunkReader`); the TLS context of https endpoints."""
+:class:`ratebench.runrecords.ClientRecord` (:class:`ChunkReader`); the TLS context of https endpoints."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Mapping
 import httpx
 import orjson
 
-from ratebench.events import ClientRecord
+from ratebench.runrecords import ClientRecord
 
 
 @functools.cache

@@ -24,7 +24,7 @@ from typing import Any
 
 from rich.live import Live
 
-from ratebench.events import ERROR_INTERRUPTED, ClientRecord
+from ratebench.runrecords import ERROR_INTERRUPTED, ClientRecord
 from ratebench.workload.live import LiveRates, LoopLagProbe
 from ratebench.workload.requests import PhaseContext, StreamRequest
 from ratebench.workload.sender import StreamSender

@@ -36,7 +36,6 @@ import numpy as np
 from ratebench._io import atomic_write_json
 from ratebench.manifest import Manifest
 from ratebench.events import (
-    EngineEntry,
     ENV_VAR,
     KIND_ARRIVE,
     KIND_DISPATCH,
@@ -44,11 +43,10 @@ from ratebench.events import (
     KIND_EMIT,
     KIND_FINISH,
     RECORD_DTYPE,
-    ClientRecord,
     EventFileWriter,
     read_engine_events,
-    write_client_records,
 )
+from ratebench.runrecords import EngineEntry, ClientRecord, write_client_records
 from sched_harness import NS_PER_S, Engine, FakeClock, create_scheduler, make_request
 
 ENGINE = "patched-sched"

@@ -19,7 +19,8 @@ import pytest
 from ratebench.analysis import check_bound, rate_figures
 from conftest import patched_tiny_spec
 from ratebench.engine import start_engine
-from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH, client_id_of, read_engine_events
+from ratebench.events import KIND_DISPATCH, KIND_EMIT, KIND_FINISH, read_engine_events
+from ratebench.runrecords import client_id_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("patched_vllm", "engine_lock")]
 

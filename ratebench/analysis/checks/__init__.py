@@ -14,7 +14,7 @@ import pkgutil
 from ratebench.analysis.checks.base import RowContext, registered_meanings, row_checks, run_checks
 from ratebench.analysis.fleet import cut_by_failover
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name != "base"):

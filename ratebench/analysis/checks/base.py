@@ -13,7 +13,7 @@ from typing import Callable
 from ratebench.analysis.bound import BoundResult
 from ratebench.analysis.isolation import Binding, phase_binding
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds, UserPhaseSummary
 from ratebench.analysis.witness import WitnessResult
 

@@ -9,7 +9,7 @@ from ratebench.analysis.checks.base import (
     UPPER, WHOLE, CheckMeaning, RowContext, bound_check, meanings, per_row, per_run,
 )
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.analysis.witness import WitnessResult
 

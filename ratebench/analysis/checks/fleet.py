@@ -8,7 +8,7 @@ from __future__ import annotations
 from ratebench.analysis.checks.base import CheckMeaning, meanings, per_run
 from ratebench.analysis.fleet import fleet_phases
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 
 MEANINGS = meanings({

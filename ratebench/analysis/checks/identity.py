@@ -10,7 +10,7 @@ import numpy as np
 
 from ratebench.analysis.checks.base import CheckMeaning, meanings, per_run
 from ratebench.analysis.load import RunData
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.events import KIND_DISPATCH, KIND_EMIT
 from ratebench.phasefacts import KEY_UNSTREAMED

@@ -18,10 +18,10 @@ from ratebench.analysis.isolation import (
 )
 from ratebench.analysis.load import RunData
 from ratebench.analysis.segments import group_by
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.analysis.workcons import work_conservation
-from ratebench.events import PhaseRecord
+from ratebench.runrecords import PhaseRecord
 from ratebench.roles import PHASE_BASELINE, PHASE_MEASURE, PHASE_SHARED
 
 MEANINGS = meanings({

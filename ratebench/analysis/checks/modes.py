@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ratebench.analysis.checks.base import WHOLE, CheckMeaning, meanings, per_run
 from ratebench.analysis.load import EngineInfo, RunData
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.events import KIND_DISPATCH
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ratebench.analysis.checks.base import CheckMeaning, meanings, per_run
 from ratebench.analysis.load import RunData
 from ratebench.analysis.overhead import EVENTS_PAIR, ROLE_OFF, ROLE_ON, ROLE_STOCK
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.thresholds import for_phase, phase_param_of
 from ratebench.analysis.verdict import Check, Thresholds
 

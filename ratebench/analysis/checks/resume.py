@@ -9,7 +9,7 @@ from ratebench.analysis.checks.base import CheckMeaning, RowContext, meanings, p
 from ratebench.analysis.load import RunData
 from ratebench.analysis.reconcile import cancel_problem
 from ratebench.analysis.structured import PENALTY_TOL, structured_conformance
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.thresholds import for_phase
 from ratebench.analysis.verdict import Check, Thresholds
 

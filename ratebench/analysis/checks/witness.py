@@ -9,7 +9,7 @@ import numpy as np
 from ratebench.analysis.checks.base import CheckMeaning, RowContext, meanings, per_row, per_run
 from ratebench.analysis.load import RunData
 from ratebench.analysis.refusals import refusal_witnesses
-from ratebench.analysis.summary import RunSummary
+from ratebench.analysis.runsummary import RunSummary
 from ratebench.analysis.verdict import Check, Thresholds
 from ratebench.analysis.witness import WitnessResult
 
