@@ -47,3 +47,12 @@ def test_an_import_that_breaks_the_house_is_refused(tmp_path, module, line, refu
                           env={"PYTHONPATH": str(copy), "PATH": "/usr/bin:/bin"})
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert refusal in proc.stdout, proc.stdout[-3000:]
+
+
+MAX_SOURCE_LINES = 600  # a module a newcomer can read whole (issue 22)
+
+
+def test_no_source_file_is_longer_than_a_newcomer_reads_whole():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "ratebench").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > MAX_SOURCE_LINES}
+    assert not long, f"source files over {MAX_SOURCE_LINES} lines (split them by what they do): {long}"
