@@ -310,8 +310,8 @@ def test_an_engine_meant_to_run_with_the_limiter_off_that_charges_fails_engine_a
 
 
 def test_every_threshold_is_an_option_of_verify_bound_with_its_default():
-    """One table (ratebench/analysis/thresholds.py) makes verify-bound's threshold options: every
-    Thresholds field has its row (the burst excepted: each engine's header gives it), each option's
+    """One table (ratebench/analysis/thresholds.py, read from the Thresholds fields) makes verify-bound's
+    threshold options: every Thresholds field has its row (the burst excepted: each engine's header gives it), each option's
     default is the field's, and a command line of defaults gives the default Thresholds."""
     import dataclasses
 

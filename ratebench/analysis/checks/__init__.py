@@ -4,7 +4,7 @@ One module per promise (or per scenario whose checks guard several: the fleet's,
 scenarios'), each registering its checks' meanings and the functions that make them
 (:mod:`~ratebench.analysis.checks.base`). The package imports every module it holds: adding a check is
 a module here (its figures from a measure module of ratebench/analysis; a threshold it needs is a
-field of ``verdict.Thresholds`` and a row of ``analysis/thresholds.py``)."""
+field of ``verdict.Thresholds``, declared with its option and help by ``verdict.threshold``)."""
 
 from __future__ import annotations
 
