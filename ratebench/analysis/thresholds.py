@@ -67,8 +67,8 @@ TABLE: tuple[Threshold, ...] = tuple(
     Threshold(f.name, **f.metadata[THRESHOLD_ROW]) for f in dataclasses.fields(Thresholds)
     if THRESHOLD_ROW in f.metadata)
 
-# Thresholds fields that are no command-line option: the bound's burst is the promise's 100 ms (DESIGN
-# section 1), never what an engine's header says it ran (engine-as-asked holds the header to it).
+# Thresholds fields that are no command-line option: the bound's burst is the promise's 100 ms
+# (docs/promise.md, section 1), never what an engine's header says it ran (engine-as-asked holds the header to it).
 NOT_OPTIONS = ("burst_ns",)
 
 DEFAULT_TRACE_LATENESS_NS = 20_000_000  # trace_lateness_ns when neither the command line nor the phase sets it
