@@ -938,6 +938,34 @@ def test_a_preempted_stream_that_loses_its_turn_fails_stream_fairness_or_stream_
     assert failed <= {"stream-fairness", "stream-wait"}, verdict.summary()
 
 
+def new_requests_together(requests: int = 8) -> Workload:
+    """Six users whose limits never bind decode long answers on 4 places (the bench takes their turns),
+    and at 0.1 s ``requests`` users new to the engine, whose limits never bind either, send one short
+    request each at the same instant (cpu-tiny's mix: its pro and team requests behind a burst)."""
+    steady = [Stream(f"steady-{i}", 200) for i in range(6)]
+    new = [Stream(f"new-{i}", 4, start_s=0.1) for i in range(requests)]
+    return Workload(default_tps=100_000, user_tps={}, phases=[Phase("together", steady + new)],
+                    scheduler_kw=dict(max_num_seqs=16, max_num_active_seqs=4))
+
+
+@SYNC_AND_ASYNC
+def test_new_requests_that_come_together_take_a_place_each(tmp_path, async_scheduling):
+    """A burst of new requests of users below their limits is admitted a place each, as the bench's
+    streams give them up (the last taken first), not one a step: with one head a step the eighth waited
+    eight steps for its first token (cpu-tiny's mix: a team request 72 ms in the queue behind twelve
+    burst requests). Here every one has its first token within three steps of 5 ms, and the steady
+    users keep decoding meanwhile."""
+    from ratebench.runrecords import read_client_records
+
+    run = run_workload(tmp_path / "run", new_requests_together(), async_scheduling=async_scheduling,
+                       step_s=0.005)
+    verdict = verify_run(run.run_dir, plots=False)
+    assert verdict.passed, verdict.summary()
+    records = read_client_records(run.run_dir / "requests.jsonl")
+    ttft_ms = sorted((r.first_token_ns - r.sent_ns) / 1e6 for r in records if r.user.startswith("new-"))
+    assert len(ttft_ms) == 8 and ttft_ms[-1] <= 3 * 5 + (5 if async_scheduling else 0) + 1, ttft_ms
+
+
 @pytest.mark.parametrize("seed, async_scheduling, policy", [(4, False, "fcfs"), (0, True, "fcfs"),
                                                           (2, True, "fcfs"), (4, False, "priority")],
                          ids=["sync-4", "async-0", "async-2", "priority-4"])
