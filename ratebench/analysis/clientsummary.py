@@ -18,12 +18,6 @@ from ratebench.analysis.segments import time_order
 from ratebench.analysis.witness import witness_figures
 
 
-def sent_ns(run: RunData) -> np.ndarray:
-    """Every client record's ``sent_ns`` (-1 when it was never sent)."""
-    return np.fromiter((-1 if r.sent_ns is None else r.sent_ns for r in run.records), dtype=np.int64,
-                       count=len(run.records))
-
-
 def witness_rows(run: RunData, summary: RunSummary, measure: Measure, phase_of: dict, chunks: ClientChunks) -> dict:
     """The client's records against the engine's events, per row (``witness.witness_figures``), with each
     row's bound-emit tolerance (the one its bound-client windows widen further)."""

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ratebench.analysis.bound import bound_result, check_bound_grouped
-from ratebench.analysis.clientsummary import ClientChunks, sent_ns, summarize_clients, witness_rows
+from ratebench.analysis.clientsummary import ClientChunks, summarize_clients, witness_rows
 from ratebench.analysis.fairness import stream_spread
 from ratebench.analysis.gaps import gap_stats, gaps_merged
 from ratebench.analysis.load import RunData
@@ -66,13 +66,14 @@ def summarize_run(run: RunData, measure: Measure = Measure()) -> RunSummary:
         summary.warnings.append(
             "answers that ended with 'stop' were not held against the model's stop tokens: the run did not record "
             "them (manifest.json's model_stop_token_ids: a run attached with --endpoint, or one from before)")
+    t0 = time.perf_counter()
+    chunks = ClientChunks(run.records)  # the engines' first-token figures read its send times
+    summary.stage_s["client chunks"] = time.perf_counter() - t0
     for name in run.traces:
         t0 = time.perf_counter()
-        _summarize_engine(run, name, summary, measure, phase_of, ends)
+        _summarize_engine(run, name, summary, measure, phase_of, ends, chunks.sent)
         summary.stage_s[f"engine {name}"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    chunks = ClientChunks(run.records)
-    t1 = time.perf_counter()
+    t0 = t1 = time.perf_counter()
     summary.witness = witness_rows(run, summary, measure, phase_of, chunks)
     summary.stage_s["witness"] = time.perf_counter() - t1
     summarize_clients(run, summary, measure, phase_of, ends, chunks)
@@ -97,7 +98,7 @@ class _Laps:
 
 
 def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure, phase_of: dict,
-                      ends: AnswerEnds) -> None:
+                      ends: AnswerEnds, sent_all: np.ndarray) -> None:
     trace = run.traces[name]
     eng = run.engines[name]
     lap = _Laps(summary.stage_s, f"engine {name}: ")
@@ -301,7 +302,7 @@ def _summarize_engine(run: RunData, name: str, summary: RunSummary, th: Measure,
     lap("reconciliation totals")
     if eng.feature:
         _charge_parity(run, name, summary, totals, first_user, strings, n_codes)
-    _engine_ttft(run, name, summary, e_t_r, e_by_req, first_user, strings, n_codes)
+    _engine_ttft(run, name, summary, e_t_r, e_by_req, first_user, strings, n_codes, sent_all)
     lap("charge parity, time to first token")
     code_of_record = dict(zip(trace.req_record[has].tolist(), np.flatnonzero(has).tolist()))
     # Python lists: one request at a time below, where numpy scalar indexing costs more than the check
@@ -406,8 +407,9 @@ def _charge_parity(run: RunData, name: str, summary: RunSummary, totals, first_u
 
 
 def _engine_ttft(run: RunData, name: str, summary: RunSummary, e_t_r: np.ndarray, e_by_req, first_user: np.ndarray,
-                 strings: list[str], n_codes: int) -> None:
-    """Per row: the engine's first emit event of each request minus the client's send time."""
+                 strings: list[str], n_codes: int, sent_all: np.ndarray) -> None:
+    """Per row: the engine's first emit event of each request minus the client's send time (``sent_all``:
+    every client record's, -1 when never sent)."""
     trace = run.traces[name]
     if len(e_by_req) == 0:
         return
@@ -415,7 +417,7 @@ def _engine_ttft(run: RunData, name: str, summary: RunSummary, e_t_r: np.ndarray
     rec = trace.req_record[codes]
     keep = (rec >= 0) & (trace.req_phase[codes] >= 0) & (first_user[codes] >= 0)
     codes, first_emit, rec = codes[keep], e_t_r[e_by_req.starts[keep]], rec[keep]
-    sent = sent_ns(run)[rec]
+    sent = sent_all[rec]
     keep = sent >= 0
     codes, ttft = codes[keep], first_emit[keep].astype(np.int64) - sent[keep]
     for p_index, u_code, pos in rowgroups.row_groups(trace, codes, first_user, n_codes):
