@@ -1118,3 +1118,48 @@ def test_queued_requests_of_throttled_users_are_held_out_of_the_queue(async_sche
     assert all(r.is_finished() for r in done)
     assert not s._output_rate_held_ids and not s._output_rate_held and not s.waiting
     assert all(len(e.token_times[r.request_id]) == 30 for r in done)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@SYNC_AND_ASYNC
+def test_requests_that_sat_out_a_step_are_sent_back_without_their_prompts(async_scheduling, policy):
+    """The places go round: 6 streams of 3 users on 2 places, so most requests given tokens sat out the
+    step before and the model runner re-adds them. Upstream sends each one's every token id to the worker
+    (a 300-token prompt and its output, copied and pickled at every turn); a synchronous model runner
+    reads none of them, an asynchronous one only the last ``num_output_tokens``. With the limiter on:
+    none sent (sync), exactly that tail (async). With it off: upstream's, whole."""
+    for limiter_on in (True, False):
+        clock = FakeClock()
+        s = create_scheduler(default_tps=100_000 if limiter_on else None, max_num_active_seqs=2, clock=clock,
+                             async_scheduling=async_scheduling, policy=policy)
+        # The model runner reads the config's flag (upstream's CPU hook turns it off; the engines of
+        # ratebench's CPU async overlay keep it on, as a GPU engine does)
+        s.scheduler_config.async_scheduling = async_scheduling
+        e = Engine(s, clock, step_s=0.01)
+        streams = [make_request(f"{u}{i}", user=u, prompt_len=300, max_tokens=60) for u in "abc" for i in range(2)]
+        e.add(*streams)
+        readded = 0
+        previous: set[str] = set()
+        for _ in range(80):
+            # the token ids as schedule() sees them (the step's update comes after it)
+            tokens_now = {r.request_id: list(r.all_token_ids) for r in streams}
+            out = e.step()
+            cached = out.scheduled_cached_reqs
+            for i, req_id in enumerate(cached.req_ids):
+                if req_id in previous:
+                    continue
+                readded += 1
+                full = tokens_now[req_id]
+                sent = cached.all_token_ids.get(req_id)
+                if not limiter_on:
+                    assert sent == full, req_id
+                elif not async_scheduling:
+                    assert sent is None, (req_id, len(sent))
+                else:
+                    n = cached.num_output_tokens[i]
+                    assert sent is not None and len(sent) == min(n, len(full)), (req_id, n, len(sent))
+                    assert n == 0 or sent[-n:] == full[-n:], req_id
+            previous = set(out.num_scheduled_tokens)
+        e.drain()
+        if limiter_on:
+            assert readded >= 40, readded  # the places went round
