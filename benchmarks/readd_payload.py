@@ -23,6 +23,14 @@ unpickle it (what the executor and the worker pay, on this machine), for:
   put back (every re-added request's whole list), the cost the patch removes.
 
 Asynchronous scheduling: ``--async`` (the payload is then the output tokens' tail).
+
+The second table is the worker's side, which the patch cannot spare: vLLM's
+``InputBatch`` (the model runner's persistent batch, on the CPU here) with A
+requests of ``--prompt-tokens`` + 64 output tokens, per step with every request
+swapped for another (what places going round every step do) against none swapped
+(first come first served): ``remove_request`` of the requests that sat out,
+``add_request`` of those back (their token ids, block table row and sampling state
+copied in), then ``condense`` and ``refresh_metadata``.
 """
 
 from __future__ import annotations
@@ -93,6 +101,50 @@ def measure(variant: str, r: int, active: int, prompt_tokens: int, steps: int, i
                 unpickle_us=statistics.median(load_us))
 
 
+def worker_readds(active: int, prompt_tokens: int, steps: int) -> dict:
+    """Microseconds per step the persistent batch spends re-adding a whole batch of ``active`` requests."""
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState, InputBatch
+
+    output_tokens, block_size = 64, 16
+    max_model_len = prompt_tokens + output_tokens + block_size
+    batch = InputBatch(max_num_reqs=active, max_model_len=max_model_len, max_num_batched_tokens=8192,
+                       device=torch.device("cpu"), vocab_size=32000, block_sizes=[block_size],
+                       max_num_blocks_per_req=[-(-max_model_len // block_size)])
+
+    def state(i: int) -> CachedRequestState:
+        return CachedRequestState(
+            req_id=f"r{i}", prompt_token_ids=list(range(prompt_tokens)), mm_features=[],
+            sampling_params=SamplingParams(max_tokens=output_tokens * 2, temperature=0.0), generator=None,
+            block_ids=(list(range(-(-(prompt_tokens + output_tokens) // block_size))),),
+            num_computed_tokens=prompt_tokens + output_tokens, output_token_ids=list(range(output_tokens)))
+
+    sets = [[state(i) for i in range(active)], [state(active + i) for i in range(active)]]
+    for request in sets[0]:
+        batch.add_request(request)
+    batch.condense()
+    batch.refresh_metadata()
+    swapped, kept = [], []
+    for step in range(steps):
+        out, back = sets[step % 2], sets[(step + 1) % 2]
+        t0 = time.perf_counter_ns()
+        for request in out:
+            batch.remove_request(request.req_id)
+        for request in back:
+            batch.add_request(request)
+        batch.condense()
+        batch.refresh_metadata()
+        t1 = time.perf_counter_ns()
+        batch.condense()  # the same requests again: what a step with an unchanged batch pays here
+        batch.refresh_metadata()
+        t2 = time.perf_counter_ns()
+        swapped.append((t1 - t0) / 1e3)
+        kept.append((t2 - t1) / 1e3)
+    return dict(active=active, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                swapped_us=statistics.median(swapped), kept_us=statistics.median(kept))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--r", type=int, default=1024, help="resident requests")
@@ -119,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             name = "off" if variant == VARIANT_OFF else ("on, upstream payload" if upstream else "on")
             print(f"{active:>4} {name:<24} {row['readded_per_step']:>8.1f} {row['pickled_kib']:>8.1f} "
                   f"{row['pickle_us']:>10.0f} {row['unpickle_us']:>12.0f}")
+    print(f"\nthe worker's persistent batch, requests of {args.prompt_tokens} + 64 tokens; per step, medians")
+    print(f"{'A':>4} {'every request swapped us':>25} {'none swapped us':>16}")
+    for active in actives:
+        row = worker_readds(active, args.prompt_tokens, min(args.steps, 50))
+        rows.append(dict(row, table="worker"))
+        print(f"{active:>4} {row['swapped_us']:>25.0f} {row['kept_us']:>16.0f}")
     if args.json:
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps(rows, indent=1))
