@@ -49,6 +49,10 @@ def test_variants_reach_the_states_they_are_named_for(tiny_results):
     assert row[VARIANT_ALL_THROTTLED].state["mean_scheduled_requests"] == 0
     # Half throttled: the unlimited users still fill the batch.
     assert row[VARIANT_HALF_THROTTLED].state["mean_scheduled_requests"] == pytest.approx(2)
+    # The limiter's places go round: the requests it schedules sat out the step before (the model runner
+    # re-adds them to its persistent batch), where the limiter off runs the same requests to their end.
+    assert row[VARIANT_OFF].state["mean_readded_requests"] == 0
+    assert row[VARIANT_NEVER_REACHED].state["mean_readded_requests"] == pytest.approx(2)
 
 
 def test_ratios_are_taken_against_off_in_the_same_round():

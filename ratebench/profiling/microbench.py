@@ -222,6 +222,10 @@ class SchedulerBench:
         self.steps = 0
         self.scheduled_requests = 0  # summed over timed steps
         self.running_sum = 0  # len(running) summed over timed steps
+        # given tokens after sitting out the step before (the model runner re-adds them to its
+        # persistent batch), summed over timed steps
+        self.readded_requests = 0
+        self._previous_scheduled: set[str] = set()
         for i in range(r):
             self._add(user_name(i % self.users))
 
@@ -270,6 +274,9 @@ class SchedulerBench:
         if timed:
             self.scheduled_requests += len(out.num_scheduled_tokens)
             self.running_sum += scheduler.get_request_counts()[0]
+            previous = self._previous_scheduled
+            self.readded_requests += sum(1 for rid in out.scheduled_cached_reqs.req_ids if rid not in previous)
+        self._previous_scheduled = set(out.num_scheduled_tokens)
         return elapsed_ns
 
     def state(self) -> dict[str, Any]:
@@ -282,6 +289,7 @@ class SchedulerBench:
             "waiting": len(sched.waiting),
             "mean_running": self.running_sum / timed,
             "mean_scheduled_requests": self.scheduled_requests / timed,
+            "mean_readded_requests": self.readded_requests / timed,
         }
 
 

@@ -18,7 +18,7 @@ def microbench_table(report: MicrobenchReport):
                          f"--max-num-active-seqs {s['active_seqs']}, {s['streams_per_user']} streams per user, "
                          f"{s.get('policy', 'fcfs').upper()} policy"))
     for col in ("R", "users", "variant", "us/call", "IQR", "mean us/call", "x (a)", "ratio IQR", "running",
-                "scheduled/step"):
+                "scheduled/step", "re-added/step"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     for r, row in report.rows.items():
         for variant in VARIANTS:
@@ -33,7 +33,8 @@ def microbench_table(report: MicrobenchReport):
             table.add_row(str(r), str(v.state.get("users", "")), f"({v.letter}) {variant}",
                           f"{v.us_per_call.median:.1f}", f"{v.us_per_call.q1:.1f}-{v.us_per_call.q3:.1f}",
                           f"{v.mean_us_per_call.median:.1f}", ratio_cell, iqr_cell,
-                          f"{v.state.get('mean_running', 0):.0f}", f"{v.state.get('mean_scheduled_requests', 0):.1f}")
+                          f"{v.state.get('mean_running', 0):.0f}", f"{v.state.get('mean_scheduled_requests', 0):.1f}",
+                          f"{v.state.get('mean_readded_requests', 0):.1f}")
         table.add_section()
     return table
 
