@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ratebench._io import atomic_write_json
 from ratebench.events import read_engine_events
 
 EMIT = 2
@@ -106,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'':<10} {'':<20} {'':<18} changed batch in {changed} of {total} decode-only steps "
               f"({100 * changed / total:.0f} %)")
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(rows, indent=1))
-        tmp.replace(args.json)
+        atomic_write_json(args.json, rows)
     return 0
 
 

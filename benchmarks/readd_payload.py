@@ -36,13 +36,13 @@ copied in), then ``condense`` and ``refresh_metadata``.
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from ratebench._io import atomic_write_json
 from ratebench.profiling.microbench import (
     VARIANT_NEVER_REACHED,
     VARIANT_OFF,
@@ -178,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(dict(row, table="worker"))
         print(f"{active:>4} {row['swapped_us']:>25.0f} {row['kept_us']:>16.0f}")
     if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(rows, indent=1))
-        tmp.replace(args.json)
+        atomic_write_json(args.json, rows)
     return 0
 
 
