@@ -24,8 +24,11 @@ unpickle it (what the executor and the worker pay, on this machine), for:
 
 Asynchronous scheduling: ``--async`` (the payload is then the output tokens' tail).
 
-The second table is the worker's side, which the patch cannot spare: vLLM's
-``InputBatch`` (the model runner's persistent batch, on the CPU here) with A
+The second table is the worker's side: vLLM's V1 ``InputBatch`` (the V1 model
+runner's persistent batch, on the CPU here; the V2 model runner keeps requests that
+sat out a step) as installed (patch 0007 copies a request added back from the array
+its prompt was copied into at its second add; ``ratebench patch revert`` to time the
+pristine one) with A
 requests of ``--prompt-tokens`` + 64 output tokens, per step with every request
 swapped for another (what places going round every step do) against none swapped
 (first come first served): ``remove_request`` of the requests that sat out,

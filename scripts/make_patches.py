@@ -47,6 +47,9 @@ SERIES: dict[str, list[str]] = {
         "vllm/v1/metrics/stats.py",
         "vllm/v1/metrics/loggers.py",
     ],
+    "0007-worker-readd-prompt-copy.patch": [
+        "vllm/v1/worker/gpu_input_batch.py",
+    ],
 }
 
 
