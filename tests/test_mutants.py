@@ -19,6 +19,7 @@ from mutants.broken import (
     AnswersBeyondTheFirstFree,
     BudgetPerRequest,
     Burst1s,
+    Burst150ms,
     CleanupForgetsDebt,
     ChargesPromptTokens,
     ChargesAnotherUser,
@@ -33,6 +34,10 @@ from mutants.broken import (
     StreamsKeepTheirPlaces,
     NeverThrottle,
     NoRefund,
+    RefundTwice,
+    FirstTokenFree,
+    FivePercentOver,
+    FivePercentUnder,
     KeptKVNeverGiven,
     NoClaims,
     NoWaitingPreemption,
@@ -635,6 +640,58 @@ def test_no_refund_under_kv_pressure_under_delivers(judged, async_scheduling):
     CountRefunds.refunds = 0
     _, counted = judged("kv_pressure", CountRefunds, async_scheduling=async_scheduling)
     assert counted.passed and CountRefunds.refunds >= 50
+
+
+@SYNC_AND_ASYNC
+def test_refunds_of_two_tokens_break_the_bound_under_kv_pressure(judged, async_scheduling):
+    """The other side of no-refund: each of kv_pressure's refunds (one a step while the hog holds the
+    cache) leaves user-a a token ahead of its budget, which it spends once the hog is gone."""
+    _, verdict = judged("kv_pressure", RefundTwice, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("bound-dispatch", "kv-pressure", "user-a")}, only=BOUND)
+    assert check(verdict, "bound-dispatch", "kv-pressure", "user-a").figure < 0
+    assert_correct_passes(judged, "kv_pressure", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_first_token_left_uncharged_breaks_the_bound(judged, async_scheduling):
+    """kv_pressure's user-a sends one-token requests, 66 a second against its 50 tok/s: with each request's
+    first token free (its dispatch still recorded) none of them costs it anything."""
+    _, verdict = judged("kv_pressure", FirstTokenFree, async_scheduling=async_scheduling)
+    assert_rejected_by(verdict, {("bound-dispatch", "kv-pressure", "user-a")}, only=BOUND)
+    assert_correct_passes(judged, "kv_pressure", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_limiter_five_percent_over_its_limits_breaks_the_bound(judged, async_scheduling):
+    """The bound's resolution: 21 tok/s where 20 are allowed (user-a), 105 where 100 (user-b)."""
+    _, verdict = judged("seed_experiment", FivePercentOver, async_scheduling=async_scheduling)
+    failed = failures(verdict)
+    assert {name for name, _, _ in failed} <= BOUND, verdict.summary()
+    assert {user for name, _, user in failed if name == "bound-dispatch"} == {"user-a", "user-b"}, verdict.summary()
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_limiter_five_percent_under_its_limits_fails_delivery(judged, async_scheduling):
+    """Delivery's resolution (0.97 of the limit at least): 19 tok/s where user-a asks 20, 95 where user-b
+    asks 100; never the bound."""
+    _, verdict = judged("seed_experiment", FivePercentUnder, async_scheduling=async_scheduling)
+    failed = failures(verdict)
+    assert not {name for name, _, _ in failed} & BOUND, verdict.summary()
+    assert {user for name, _, user in failed if name == "delivery"} == {"user-a", "user-b"}, verdict.summary()
+    assert all(0.93 <= c.figure <= 0.97 for c in verdict.failures if c.name == "delivery"), verdict.summary()
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
+
+
+@SYNC_AND_ASYNC
+def test_a_burst_of_150_ms_breaks_the_bound(judged, async_scheduling):
+    """The burst's resolution: half again the 100 ms tolerance, 1 token more at once for user-a at 20 tok/s
+    and 5 for user-b at 100."""
+    _, verdict = judged("seed_experiment", Burst150ms, async_scheduling=async_scheduling)
+    failed = failures(verdict)
+    assert {name for name, _, _ in failed} <= BOUND, verdict.summary()
+    assert ("bound-dispatch", "1-stream", "user-b") in failed, verdict.summary()
+    assert_correct_passes(judged, "seed_experiment", async_scheduling)
 
 
 def _dispatches_without_tokens(run_dir) -> int:

@@ -164,6 +164,80 @@ class NoRefund(Mutant):
         scheduler.output_rate_limiter.refund = lambda user: None
 
 
+class RefundTwice(Mutant):
+    """Every refund gives back two tokens: each charge of a request that was not scheduled (KV allocation
+    failed, preempted) leaves its user one token ahead of its budget (the other side of NoRefund)."""
+
+    name = "refund-twice"
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+        refund = limiter.refund
+
+        def refund_twice(user):
+            refund(user)
+            refund(user)
+
+        limiter.refund = refund_twice
+
+
+class FirstTokenFree(Mutant):
+    """A request's first token costs its user nothing when the step that admits it from the queue samples
+    it: the charge is given back at once (its dispatch event still written), as a limiter that charged
+    only tokens sampled in running would. A user's short requests get past its budget by one token each."""
+
+    name = "first-token-free"
+
+    def apply(self, scheduler) -> None:
+        limit = scheduler._limit_output_rate_tokens
+        limiter = scheduler.output_rate_limiter
+
+        def limit_all_but_the_first(request, num_computed_tokens, num_new_tokens, now_ns, charged):
+            before = request.request_id in charged
+            granted = limit(request, num_computed_tokens, num_new_tokens, now_ns, charged)
+            if not before and request.request_id in charged and request.num_output_tokens == 0:
+                limiter.refund(request.output_rate_user)
+            return granted
+
+        scheduler._limit_output_rate_tokens = limit_all_but_the_first
+
+
+class ScaledRate(Mutant):
+    """GCRA at ``factor`` times every user's limit (the flags and events still say the limit): how fine
+    the verifier's resolution is, above (the bound) and below (delivery, even spacing)."""
+
+    factor = 1.0
+
+    def apply(self, scheduler) -> None:
+        limiter = scheduler.output_rate_limiter
+        limiter.default_tokens_per_second = max(1, round(limiter.default_tokens_per_second * self.factor))
+        limiter.user_tokens_per_second = {
+            u: max(1, round(n * self.factor)) for u, n in limiter.user_tokens_per_second.items()}
+
+
+class FivePercentOver(ScaledRate):
+    """GCRA at 1.05 N."""
+
+    name = "five-percent-over"
+    factor = 1.05
+
+
+class FivePercentUnder(ScaledRate):
+    """GCRA at 0.95 N."""
+
+    name = "five-percent-under"
+    factor = 0.95
+
+
+class Burst150ms(Mutant):
+    """GCRA with a burst of 150 ms instead of 100 ms (half again: 0.05 N tokens more at once)."""
+
+    name = "burst-150ms"
+
+    def apply(self, scheduler) -> None:
+        scheduler.output_rate_limiter.burst_ns = 150 * NS_PER_S // 1000
+
+
 class ChargeEveryPrefillChunk(Mutant):
     """Middle prefill chunks (they sample nothing) are charged like sampling steps, and wait when refused.
 
