@@ -210,9 +210,9 @@ class ScaledRate(Mutant):
 
     def apply(self, scheduler) -> None:
         limiter = scheduler.output_rate_limiter
-        limiter.default_tokens_per_second = max(1, round(limiter.default_tokens_per_second * self.factor))
+        limiter.default_tokens_per_second = max(1, int(limiter.default_tokens_per_second * self.factor))
         limiter.user_tokens_per_second = {
-            u: max(1, round(n * self.factor)) for u, n in limiter.user_tokens_per_second.items()}
+            u: max(1, int(n * self.factor)) for u, n in limiter.user_tokens_per_second.items()}
 
 
 class FivePercentOver(ScaledRate):
@@ -316,15 +316,11 @@ class NeverThrottle(Mutant):
         scheduler.output_rate_limiter.try_take = lambda user, now_ns: True
 
 
-class HalfRate(Mutant):
+class HalfRate(ScaledRate):
     """GCRA at N/2 for every user (the configured limits, in the flags and events, say N)."""
 
     name = "half-rate"
-
-    def apply(self, scheduler) -> None:
-        limiter = scheduler.output_rate_limiter
-        limiter.default_tokens_per_second = max(1, limiter.default_tokens_per_second // 2)
-        limiter.user_tokens_per_second = {u: max(1, n // 2) for u, n in limiter.user_tokens_per_second.items()}
+    factor = 0.5
 
 
 class NoWaitingPreemption(Mutant):
